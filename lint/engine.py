@@ -1,0 +1,145 @@
+"""Lint one source text: pre-scan, parse, run the selected rules, apply ``# noqa``, place the findings.
+
+Parsing is most of the cost, so a file is parsed with libcst only when some selected rule's trigger pattern
+matches its text; other files get a cheap syntax check with :func:`compile` so a broken file is still reported.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Iterable
+
+import libcst as cst
+from libcst.metadata import MetadataWrapper, PositionProvider
+
+from rlguard.catalog import CODES
+from rlguard.lint.context import ModuleContext
+from rlguard.lint.names import Vocabulary
+from rlguard.lint.rule import Finding, Rule, Violation, all_rules
+
+PARSE_ERROR = "RLG900"
+_NOQA = re.compile(r"#\s*noqa(?::\s*(?P<codes>[A-Z]+[0-9]+(?:\s*,\s*[A-Z]+[0-9]+)*))?", re.IGNORECASE)
+
+
+@dataclass
+class FileResult:
+    """The findings of one file, the ones ``# noqa`` silenced, and the fixed source when fixes applied."""
+
+    path: str
+    findings: list[Finding] = field(default_factory=list)
+    suppressed: list[Finding] = field(default_factory=list)
+    fixed: list[Finding] = field(default_factory=list)  # findings that --fix rewrote away
+    fixed_source: str | None = None
+
+
+def noqa_codes(line: str) -> set[str] | None:
+    """Codes a line's ``# noqa`` comment silences: None without a comment, an empty set for bare ``# noqa``."""
+    if "noqa" not in line.lower():
+        return None
+    match = _NOQA.search(line)
+    if match is None:
+        return None
+    codes = match.group("codes")
+    return {c.strip().upper() for c in codes.split(",")} if codes else set()
+
+
+def _parse_error(path: str, message: str, line: int = 1, col: int = 1) -> Finding:
+    code = CODES[PARSE_ERROR]
+    return Finding(path, line, col, line, col, code.code, code.name, message, "error")
+
+
+def _syntax_error_finding(path: str, source: str) -> Finding | None:
+    try:
+        compile(source, path, "exec", dont_inherit=True, flags=0x400)  # ast.PyCF_ONLY_AST: no bytecode
+    except SyntaxError as exc:
+        return _parse_error(path, f"syntax error: {exc.msg}", exc.lineno or 1, exc.offset or 1)
+    except (ValueError, RecursionError) as exc:  # null bytes, absurd nesting
+        return _parse_error(path, f"cannot parse: {exc}")
+    return None
+
+
+def decode(data: bytes, path: str) -> tuple[str | None, Finding | None]:
+    try:
+        return data.decode("utf-8-sig"), None
+    except UnicodeDecodeError as exc:
+        line = data[: exc.start].count(b"\n") + 1
+        return None, _parse_error(path, f"not UTF-8: byte {data[exc.start]:#04x} at offset {exc.start}", line)
+
+
+def lint_source(source: str, path: str = "<string>", rules: Iterable[type[Rule]] | None = None,
+                vocabulary: Vocabulary | None = None, fix: bool = False) -> FileResult:
+    """Lint one source text with ``rules`` (default: all). Never raises for bad input: a file that does not
+    parse becomes a single RLG900 finding."""
+    result = FileResult(path)
+    rule_classes = list(all_rules().values() if rules is None else rules)
+    candidates = [r for r in rule_classes if r.may_fire(source)]
+    if not candidates:
+        error = _syntax_error_finding(path, source)
+        if error is not None:
+            result.findings.append(error)
+        return result
+    try:
+        module = cst.parse_module(source)
+    except cst.ParserSyntaxError as exc:
+        result.findings.append(_parse_error(path, f"syntax error: {exc.message}", exc.raw_line, exc.raw_column + 1))
+        return result
+    except (RecursionError, ValueError) as exc:
+        result.findings.append(_parse_error(path, f"cannot parse: {exc}"))
+        return result
+
+    ctx = ModuleContext(module, path, vocabulary)
+    violations: list[tuple[type[Rule], Violation]] = []
+    for rule in candidates:
+        for violation in rule().check(ctx):
+            violations.append((rule, violation))
+    if not violations:
+        return result
+
+    positions = MetadataWrapper(module, unsafe_skip_copy=True).resolve(PositionProvider)
+    lines = source.splitlines()
+    to_fix: list[tuple[cst.CSTNode, cst.CSTNode]] = []
+    seen: set[tuple] = set()
+    for rule, violation in violations:
+        pos = positions[violation.node]
+        finding = Finding(path, pos.start.line, pos.start.column + 1, pos.end.line, pos.end.column + 1,
+                          rule.code, rule.name, violation.message, rule.severity,
+                          fixable=bool(violation.replacements))
+        key = (finding.line, finding.col, finding.code)
+        if key in seen:
+            continue
+        seen.add(key)
+        silenced = _suppressed(lines, finding)
+        (result.suppressed if silenced else result.findings).append(finding)
+        if fix and not silenced:
+            to_fix.extend(violation.replacements)
+    result.findings.sort(key=Finding.sort_key)
+    if to_fix:
+        result.fixed_source = apply_replacements(module, to_fix).code
+        result.fixed = [f for f in result.findings if f.fixable]
+        result.findings = [f for f in result.findings if not f.fixable]
+    return result
+
+
+def _suppressed(lines: list[str], finding: Finding) -> bool:
+    # A noqa comment may sit on the first or the last line of a multi-line finding.
+    for line_no in {finding.line, finding.end_line}:
+        if 1 <= line_no <= len(lines):
+            codes = noqa_codes(lines[line_no - 1])
+            if codes is not None and (not codes or finding.code in codes):
+                return True
+    return False
+
+
+class _Replacer(cst.CSTTransformer):
+    def __init__(self, replacements: dict[int, cst.CSTNode]):
+        super().__init__()
+        self.replacements = replacements
+
+    def on_leave(self, original_node, updated_node):
+        return self.replacements.get(id(original_node), updated_node)
+
+
+def apply_replacements(module: cst.Module, pairs: list[tuple[cst.CSTNode, cst.CSTNode]]) -> cst.Module:
+    """Swap nodes by identity; libcst regenerates the rest of the file byte for byte."""
+    return module.visit(_Replacer({id(old): new for old, new in pairs}))

@@ -1,0 +1,127 @@
+"""What a lint rule is: one small class per catalog code, registered by its code, carrying its own examples.
+
+A rule looks at one parsed module through a :class:`~rlguard.lint.context.ModuleContext` and yields
+:class:`Violation` objects (a node, a message, optionally a safe replacement for ``--fix``). The engine turns
+them into :class:`Finding` records with positions. ``VALID``/``INVALID`` examples on each rule are run by the
+tests, as Fixit does: code the rule must not flag, and code it must flag.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, ClassVar, Iterator
+
+import libcst as cst
+
+from rlguard.catalog import CODES
+
+if TYPE_CHECKING:
+    from rlguard.lint.context import ModuleContext
+
+SEVERITIES = ("error", "warning", "info")
+
+
+@dataclass(frozen=True)
+class Valid:
+    """Source the rule must not flag. ``why`` says what makes it correct (shown when a test fails)."""
+
+    code: str
+    why: str = ""
+
+
+@dataclass(frozen=True)
+class Invalid:
+    """Source the rule must flag. ``line`` (1-based, optional) pins the line of the first finding;
+    ``fixed`` (optional) is the source after ``--fix``."""
+
+    code: str
+    line: int | None = None
+    fixed: str | None = None
+    why: str = ""
+
+
+@dataclass
+class Violation:
+    """What a rule reports: the offending node, a message, and optionally a safe rewrite of that node."""
+
+    node: cst.CSTNode
+    message: str
+    # (old node, new node) pairs; the engine swaps them by identity, keeping formatting and comments.
+    replacements: list[tuple[cst.CSTNode, cst.CSTNode]] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One reported problem at a position in a file (lines and columns 1-based)."""
+
+    path: str
+    line: int
+    col: int
+    end_line: int
+    end_col: int
+    code: str
+    name: str
+    message: str
+    severity: str
+    fixable: bool = False
+
+    def sort_key(self) -> tuple:
+        return (self.path, self.line, self.col, self.code)
+
+    def as_dict(self) -> dict:
+        return {
+            "path": self.path, "line": self.line, "col": self.col, "end_line": self.end_line,
+            "end_col": self.end_col, "code": self.code, "name": self.name, "message": self.message,
+            "severity": self.severity,
+        }
+
+
+class Rule:
+    """Base class of every lint rule. Subclasses set the class attributes and implement :meth:`check`."""
+
+    code: ClassVar[str]
+    name: ClassVar[str]  # set from the catalog
+    severity: ClassVar[str] = "error"
+    # Regular expression over the raw source: when it does not match, the rule cannot fire on that file and
+    # is not run (the engine skips parsing a file no selected rule can fire on).
+    triggers: ClassVar[str]
+    # Whether `--fix` can rewrite what this rule flags; a rule without a safe fix says so in its docs.
+    fixable: ClassVar[bool] = False
+    VALID: ClassVar[list[Valid]] = []
+    INVALID: ClassVar[list[Invalid]] = []
+
+    _trigger_re: ClassVar[re.Pattern]
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if cls.code not in CODES:
+            raise TypeError(f"rule {cls.__name__} has code {cls.code!r}, which is not in the catalog")
+        if cls.severity not in SEVERITIES:
+            raise TypeError(f"rule {cls.__name__}: severity must be one of {SEVERITIES}")
+        cls.name = CODES[cls.code].name
+        cls._trigger_re = re.compile(cls.triggers)
+        register(cls)
+
+    @classmethod
+    def may_fire(cls, source: str) -> bool:
+        return cls._trigger_re.search(source) is not None
+
+    def check(self, ctx: "ModuleContext") -> Iterator[Violation]:
+        raise NotImplementedError
+
+
+REGISTRY: dict[str, type[Rule]] = {}
+
+
+def register(rule: type[Rule]) -> None:
+    if rule.code in REGISTRY and REGISTRY[rule.code] is not rule:
+        raise TypeError(f"two rules claim {rule.code}: {REGISTRY[rule.code].__name__} and {rule.__name__}")
+    REGISTRY[rule.code] = rule
+
+
+def all_rules() -> dict[str, type[Rule]]:
+    """Every registered rule by code (importing the rule modules registers them)."""
+    import rlguard.lint.rules  # noqa: F401 - registers the rules
+
+    return dict(sorted(REGISTRY.items()))

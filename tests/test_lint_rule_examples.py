@@ -1,0 +1,45 @@
+"""Every rule's own examples (Fixit style): each VALID snippet yields no finding of that rule, each INVALID
+snippet at least one, on the pinned line where one is given, and the fixed source where one is given."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+from rlguard.lint import all_rules, lint_source
+
+RULES = all_rules()
+VALID = [pytest.param(rule, ex, id=f"{code}-valid-{i}") for code, rule in RULES.items()
+         for i, ex in enumerate(rule.VALID)]
+INVALID = [pytest.param(rule, ex, id=f"{code}-invalid-{i}") for code, rule in RULES.items()
+           for i, ex in enumerate(rule.INVALID)]
+
+
+def _lint(rule, code, fix=False):
+    return lint_source(textwrap.dedent(code), "example.py", rules=[rule], fix=fix)
+
+
+@pytest.mark.parametrize("rule, example", VALID)
+def test_valid_example_is_not_flagged(rule, example):
+    result = _lint(rule, example.code)
+    assert [f for f in result.findings if f.code == rule.code] == [], example.why
+
+
+@pytest.mark.parametrize("rule, example", INVALID)
+def test_invalid_example_is_flagged(rule, example):
+    result = _lint(rule, example.code)
+    hits = [f for f in result.findings if f.code == rule.code]
+    assert hits, f"{rule.code} missed: {example.why}\n{example.code}"
+    if example.line is not None:
+        assert example.line in [f.line for f in hits]
+    if example.fixed is not None:
+        fixed = _lint(rule, example.code, fix=True)
+        assert fixed.fixed_source == textwrap.dedent(example.fixed)
+        assert not [f for f in _lint(rule, fixed.fixed_source).findings if f.code == rule.code]
+
+
+@pytest.mark.parametrize("code", [c for c, r in RULES.items()])
+def test_rule_has_enough_examples(code):
+    rule = RULES[code]
+    assert len(rule.VALID) >= 6 and len(rule.INVALID) >= 6, f"{code}: needs >= 6 valid and >= 6 invalid examples"
