@@ -13,6 +13,7 @@ in one walk over the tree:
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Iterator, Sequence
 
@@ -321,11 +322,37 @@ def slice_text(module: cst.Module, sub: cst.Subscript) -> str:
     return "".join(module.code_for_node(s) for s in sub.slice).replace(" ", "").rstrip(",")
 
 
-class _Indexer(cst.CSTVisitor):
-    """One walk: parents, order, nodes by type, imports, assignments per scope, returns, functions."""
+_SKIP_FIELDS = frozenset({
+    "lpar", "rpar", "lbracket", "rbracket", "lbrace", "rbrace", "leading_lines", "lines_after_decorators",
+    "header", "footer", "comma", "semicolon", "equal", "colon", "first_colon", "second_colon", "star",
+    "asynchronous", "trailing_whitespace", "indent", "encoding", "default_indent", "default_newline",
+    "has_trailing_newline", "operator", "relative", "dot", "newline", "posonly_ind", "walrus", "arrow",
+})
+_CHILD_FIELDS: dict[type, tuple[str, ...]] = {}
+
+
+def _child_fields(cls: type) -> tuple[str, ...]:
+    """The fields of a node class that can hold child nodes the rules care about, in source order
+    (whitespace, brackets and operators left out: walking them is most of libcst's own visit cost)."""
+    found = _CHILD_FIELDS.get(cls)
+    if found is None:
+        names = [f.name for f in dataclasses.fields(cls)
+                 if f.name not in _SKIP_FIELDS and not f.name.startswith("whitespace")]
+        if "decorators" in names:  # decorators come first in the source
+            names.remove("decorators")
+            names.insert(0, "decorators")
+        found = _CHILD_FIELDS[cls] = tuple(names)
+    return found
+
+
+class _Indexer:
+    """One walk: parents, order, nodes by type, imports, assignments per scope, returns, functions.
+
+    It reads node fields directly instead of using ``Module.visit``: libcst's visitor rebuilds every node
+    it passes, which alone costs more than parsing.
+    """
 
     def __init__(self, ctx: ModuleContext):
-        super().__init__()
         self.ctx = ctx
         self.stack: list[cst.CSTNode] = []
         self.scope_stack: list[ScopeInfo] = []
@@ -333,7 +360,24 @@ class _Indexer(cst.CSTVisitor):
         self.counter = 0
 
     def index(self) -> None:
-        self.ctx.module.visit(self)
+        leave = object()
+        todo: list = [self.ctx.module]
+        while todo:
+            node = todo.pop()
+            if node is leave:
+                self.on_leave(todo.pop())
+                continue
+            self.on_visit(node)
+            todo.append(node)
+            todo.append(leave)
+            children = []
+            for name in _child_fields(type(node)):
+                value = getattr(node, name)
+                if isinstance(value, cst.CSTNode):
+                    children.append(value)
+                elif isinstance(value, (list, tuple)):
+                    children.extend(v for v in value if isinstance(v, cst.CSTNode))
+            todo.extend(reversed(children))
 
     def on_visit(self, node: cst.CSTNode) -> bool:
         ctx = self.ctx
