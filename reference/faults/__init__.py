@@ -1,1 +1,63 @@
+"""Faults of the reference trainer, one module each: the faulty twin of the one pipeline part it changes.
 
+``FAULTS[name]`` -> :class:`Fault` (catalog code, description, the part it swaps, the faulty function, the
+module's source path for the linter, and the preflight check expected to catch it). The first seven are the
+debugging chapter's injected bugs; the rest cover RLG009, RLG011, RLG012, RLG013 and RLG014.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from importlib import import_module
+from pathlib import Path
+from typing import Callable
+
+HERE = Path(__file__).resolve().parent
+
+
+@dataclass(frozen=True)
+class Fault:
+    name: str
+    code: str
+    description: str
+    part: str  # the field of rlguard.reference.pipeline.Parts it replaces
+    expected_check: str  # the preflight check that must fail on it
+    statically_visible: bool = True  # the linter is expected to report `code` on its source
+
+    @property
+    def module(self):
+        return import_module(f"{__name__}.{self.name}")
+
+    @property
+    def function(self) -> Callable:
+        return getattr(self.module, self.part)
+
+    @property
+    def path(self) -> Path:
+        return HERE / f"{self.name}.py"
+
+
+_FAULTS = [
+    Fault("mask_shift", "RLG001", "action mask aligned to ids instead of ids[:, 1:]: each policy span moves one token right",
+          "build_action_mask", "mask_policy"),
+    Fault("stale_old_logp", "RLG002", "old log-probs recomputed from the current weights before every minibatch",
+          "update", "old_logp_frozen"),
+    Fault("entropy_sign", "RLG004", "entropy bonus added to the minimised loss: an entropy penalty",
+          "compute_loss", "entropy_direction"),
+    Fault("sign_flip", "RLG005", "advantages negated", "group_advantages", "advantage_direction"),
+    Fault("accum_local", "RLG006", "length-sorted microbatches, each its own token mean / n_micro",
+          "minibatch_backward", "accumulation"),
+    Fault("sampler_temp", "RLG007", "sampler at temperature 0.7, trainer at cfg.temperature; sampler log-probs used as old",
+          "rollout", "sampler_logp"),
+    Fault("ref_is_policy", "RLG008", "the KL reference is the live policy object", "make_reference", "kl_positive"),
+    Fault("group_mean_batch", "RLG009", "advantages centred on the whole batch's mean instead of each group's",
+          "group_advantages", "group_mean"),
+    Fault("kl_sign", "RLG011", "KL penalty subtracted from the minimised loss", "compute_loss", "kl_direction"),
+    Fault("label_shift", "RLG012", "log-probs gathered from logits[:, t] against ids[:, t] (no shift)",
+          "token_log_probs", "labels_shifted"),
+    Fault("no_zero_grad", "RLG013", "optimizer.step() in the loop with no zero_grad", "update", "grads_zeroed"),
+    Fault("trains_frozen", "RLG014", "the frozen position embedding is unfrozen and put in the optimizer",
+          "make_optimizer", "frozen_params", statically_visible=False),
+]
+
+FAULTS: dict[str, Fault] = {f.name: f for f in _FAULTS}
