@@ -1,1 +1,55 @@
+"""Runtime contracts for RL trainer functions: shapes, dtypes and RL semantics checked at the first call.
 
+Needs the ``[torch]`` extra (torch, jaxtyping 0.3, typeguard 2.x); ``rlguard.lint`` never imports this.
+See ``docs/contracts.md``.
+"""
+
+from __future__ import annotations
+
+try:
+    import jaxtyping  # noqa: F401
+    import torch  # noqa: F401
+except ImportError as e:  # pragma: no cover - depends on the environment
+    raise ImportError(
+        f"rlguard.contracts needs torch and jaxtyping ({e.name} is missing): pip install 'rlguard[torch]'") from e
+
+from rlguard.contracts.aliases import (
+    ActionMask,
+    Advantages,
+    GroupRewards,
+    Logits,
+    LogProbs,
+    Loss,
+    Mask,
+    OldLogProbs,
+    Owner,
+    RefLogProbs,
+    Rewards,
+    TokenIds,
+    Values,
+)
+from rlguard.contracts.decorator import contract
+from rlguard.contracts.errors import ContractDefinitionError, ContractViolation, Violation
+from rlguard.contracts.guard import Guard, active_guard
+from rlguard.contracts.markers import (
+    POLICY_ROLE,
+    DistinctReference,
+    Finite,
+    Frozen,
+    GroupCentered,
+    GroupCentred,
+    Marker,
+    MatchesOwner,
+    NoGrad,
+    SamplerConsistent,
+)
+from rlguard.contracts.settings import get_mode, mode, set_mode
+
+__all__ = [
+    "contract", "ContractViolation", "ContractDefinitionError", "Violation",
+    "Guard", "active_guard", "set_mode", "get_mode", "mode",
+    "Marker", "NoGrad", "Finite", "Frozen", "GroupCentred", "GroupCentered", "MatchesOwner",
+    "SamplerConsistent", "DistinctReference", "POLICY_ROLE",
+    "TokenIds", "Owner", "ActionMask", "Logits", "LogProbs", "Advantages", "Rewards", "GroupRewards",
+    "Values", "Loss", "OldLogProbs", "RefLogProbs", "Mask",
+]
