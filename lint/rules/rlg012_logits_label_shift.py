@@ -1,0 +1,177 @@
+"""RLG012 logits-label-shift: log-probs gathered from ``logits[:, t]`` against ``ids[:, t]``."""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+import libcst as cst
+
+from rlguard.lint.context import ModuleContext
+from rlguard.lint.rule import Invalid, Rule, Valid, Violation
+from rlguard.lint.rules._alignment import (ROOT_IDS, ROOT_LOGITS, Env, GatherSite, Tracer, bind_params, call_sites,
+                                           gather_sites)
+
+
+class LogitsLabelShift(Rule):
+    """
+    ## What it flags
+    Token log-probs (a `gather`, `F.cross_entropy`/`nll_loss`, `Categorical(logits=...).log_prob`, or a
+    `log_probs_from_logits`-style helper) where the labels are not the *next* tokens of the logits:
+
+    - no shift at all: `logits = model(ids).logits` then `logits.log_softmax(-1).gather(-1, ids[..., None])`;
+    - both sides shifted the same way: `logits[:, :-1]` with `ids[:, :-1]`, `logits[:, 1:]` with `ids[:, 1:]`;
+    - any other visible offset between the two (`torch.roll`, `F.pad`, windows like `[:, -L-1:-1]`).
+
+    The rule follows names, `self.` attributes, `.logits`/`[0]` of the model output, `log_softmax`,
+    `/ temperature`, slices, `F.pad`, `torch.roll` and same-module helpers (with their parameters bound to the
+    call's arguments). It reports only when the offset between logits and labels is a known constant other
+    than one, and either both come visibly from the same sequence (`model(ids)` and `ids`) or both are visibly
+    sliced. An unshifted helper such as `def logprobs(logits, labels): ...gather(-1, labels...)` is correct
+    on its own (the caller shifts) and is checked at its call sites instead.
+
+    ## Why it is wrong
+    A causal LM's `logits[:, t]` is the distribution of token `t + 1`. Gathering it at token `t` scores each
+    token under the distribution that was meant to *produce it from itself*: the log-probs are garbage, the
+    ratio against the sampler's log-probs is far from 1 before any step (`logp_gap` well above 1e-4), and
+    the policy is trained to predict the current token instead of the next one. Reward stays flat or
+    collapses while the loss looks normal.
+
+    ## Example
+    ```python
+    logits = model(ids).logits
+    logp = logits.log_softmax(-1).gather(-1, ids.unsqueeze(-1)).squeeze(-1)
+    ```
+
+    ## Use instead
+    ```python
+    logits = model(ids).logits
+    logp = logits[:, :-1].log_softmax(-1).gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+    ```
+
+    ## Fix
+    No automatic fix: whether the logits should lose their last position or the labels their first (and
+    which of the tensors downstream, masks included, must move with them) depends on how the rest of the
+    trainer stores per-token tensors.
+
+    ## Options
+    `[tool.rlguard.names]` `ids = [...]`, `logits = [...]` and `policy = [...]` add your own names for the
+    token ids, the logits and the model.
+    """
+
+    code = "RLG012"
+    triggers = (r"(?s)\A(?=.*logits)(?=.*(?:\.gather\(|cross_entropy|nll_loss|\.log_prob\(|take_along_dim"
+                r"|CrossEntropyLoss|NLLLoss|log_?probs?_(?:from|of)_|selective_log_softmax|logps?_from))")
+
+    VALID = [
+        Valid("logits = model(ids).logits\n"
+              "logp = logits[:, :-1].log_softmax(-1).gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1)\n",
+              "the canonical shift"),
+        Valid("shift_logits = logits[..., :-1, :].contiguous()\nshift_labels = labels[..., 1:].contiguous()\n"
+              "loss = loss_fct(shift_logits.view(-1, V), shift_labels.view(-1))\n", "HF-style shift"),
+        Valid("def log_probs_from_logits(logits, labels):\n"
+              "    return torch.log_softmax(logits, -1).gather(-1, labels.unsqueeze(-1)).squeeze(-1)\n",
+              "an unshifted helper: the caller shifts"),
+        Valid("output = self.model(sequences, attention_mask=attention_mask)\n"
+              "log_probs = log_probs_from_logits(output['logits'][:, :-1, :], sequences[:, 1:])\n",
+              "OpenRLHF style"),
+        Valid("output = model(query_responses)\nlogits = output.logits[:, context_length - 1 : -1]\n"
+              "logits /= temperature + 1e-7\n"
+              "logprob = selective_log_softmax(logits, query_responses[:, context_length:])\n",
+              "TRL style window: ctx_len - 1 .. -1 against ctx_len .."),
+        Valid("logits = model(input_ids=input_ids).logits.squeeze(0)\n"
+              "labels = torch.roll(input_ids, shifts=-1, dims=1).squeeze(0)\n"
+              "log_probs = logprobs_from_logits(logits=logits, labels=labels)\n",
+              "verl style: labels rolled left by one"),
+        Valid("logits = model(ids)\nlogits = logits[:, -1, :]\n"
+              "logp = torch.log_softmax(logits, -1).gather(-1, next_token)\n",
+              "sampling: the last position against the sampled token"),
+        Valid("logits = self.policy(obs)\ndist = Categorical(logits=logits)\nlogp = dist.log_prob(actions)\n",
+              "CleanRL: actions are not the input sequence"),
+        Valid("def token_logp(model, ids):\n    logits = model(ids)[0]\n"
+              "    return F.cross_entropy(logits[:, :-1].transpose(1, 2), ids[:, 1:], reduction='none')\n",
+              "cross-entropy with the shift"),
+        Valid("def token_log_probs(logits, ids):\n    lp = logits[:, :-1].log_softmax(-1)\n"
+              "    return lp.gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1)\n"
+              "def loss_fn(model, ids):\n    return token_log_probs(model(ids), ids)\n",
+              "helper that shifts, called with the model output"),
+    ]
+    INVALID = [
+        Invalid("logits = model(ids).logits\n"
+                "logp = logits.log_softmax(-1).gather(-1, ids.unsqueeze(-1)).squeeze(-1)\n", line=2,
+                why="no shift"),
+        Invalid("log_probs = logits[:, :-1].log_softmax(-1)\n"
+                "logp = log_probs.gather(-1, ids[:, :-1].unsqueeze(-1)).squeeze(-1)\n", line=2,
+                why="both sides drop the last position"),
+        Invalid("def get_logps(self, input_ids):\n    out = self.model(input_ids=input_ids)\n"
+                "    logits = out.logits[:, 1:]\n    labels = input_ids[:, 1:]\n"
+                "    return torch.gather(logits.log_softmax(dim=-1), 2, labels[:, :, None]).squeeze(2)\n",
+                line=5, why="both sides drop the first position"),
+        Invalid("logits = policy(ids)\nnll = F.cross_entropy(logits.reshape(-1, V), ids.reshape(-1), reduction='none')\n",
+                line=2, why="cross-entropy against the input tokens"),
+        Invalid("logits = model(tokens)\ndist = torch.distributions.Categorical(logits=logits / temperature)\n"
+                "logp = dist.log_prob(tokens)\n", line=3, why="Categorical over the input tokens"),
+        Invalid("logits = model(ids)\nlabels = torch.roll(ids, 1, dims=-1)\n"
+                "logp = log_probs_from_logits(logits, labels)\n", line=3, why="rolled the wrong way"),
+        Invalid("def token_log_probs(logits, ids):\n    lp = logits.log_softmax(-1)\n"
+                "    return lp.gather(-1, ids.unsqueeze(-1)).squeeze(-1)\n"
+                "def loss_fn(model, ids):\n    return token_log_probs(model(ids), ids)\n",
+                line=5, why="helper without a shift, fed the model output and its input"),
+        Invalid("class Trainer:\n    def logp(self, ids):\n        self.logits = self.actor(ids).logits\n"
+                "        lsm = torch.log_softmax(self.logits[:, 1:], -1)\n"
+                "        return lsm.gather(-1, ids[:, 1:].unsqueeze(-1))\n", line=5,
+                why="through a self attribute"),
+        Invalid("loss_fct = nn.CrossEntropyLoss()\nlogits = model(input_ids)[0]\n"
+                "loss = loss_fct(logits[:, :-1].flatten(0, 1), input_ids[:, :-1].flatten())\n", line=3,
+                why="loss object, both drop the last position"),
+    ]
+
+    def check(self, ctx: ModuleContext) -> Iterator[Violation]:
+        tracer = Tracer(ctx)
+        reported: set[int] = set()
+        sites = list(gather_sites(ctx))
+        for site in sites:
+            message = _judge(tracer, site, {})
+            if message is not None and id(site.node) not in reported:
+                reported.add(id(site.node))
+                yield Violation(site.node, message)
+        # helpers whose gather reads their parameters: judge them with each call site's arguments
+        by_function: dict[int, list[GatherSite]] = {}
+        for site in sites:
+            func = ctx.enclosing_function(site.node)
+            if func is not None and id(site.node) not in reported:
+                by_function.setdefault(id(func), []).append(site)
+        for func_sites in by_function.values():
+            func = ctx.enclosing_function(func_sites[0].node)
+            for call in call_sites(ctx, func):
+                env = bind_params(func, call, {})
+                for site in func_sites:
+                    message = _judge(tracer, site, env)
+                    if message is not None and id(call) not in reported:
+                        reported.add(id(call))
+                        yield Violation(call, f"in `{func.name.value}` called here: {message}")
+
+
+def _judge(tracer: Tracer, site: GatherSite, env: Env) -> str | None:
+    logits = tracer.trace(site.logits, "logits", env)
+    if logits is None or not (logits.model or logits.kind == ROOT_LOGITS):
+        return None
+    labels = tracer.trace(site.labels, "seq", env)
+    if labels is None or labels.kind != ROOT_IDS:
+        return None
+    same_sequence = logits.model and logits.root == labels.root
+    both_moved = logits.moved and labels.moved
+    if not (same_sequence or both_moved):
+        return None
+    diff = labels.s - logits.s
+    if not diff.is_const():
+        diff = labels.e - logits.e
+        if not diff.is_const():
+            return None
+    k = diff.const
+    if k == 1:
+        return None
+    if k == 0:
+        what = "the labels are the tokens at the logits' own positions (logits[:, t] against ids[:, t])"
+    else:
+        what = f"the labels are {k:+d} positions from the logits' own positions (the next token is +1)"
+    return (f"{what}; logits[:, t] predicts ids[:, t+1]: gather logits[:, :-1] against ids[:, 1:]")
