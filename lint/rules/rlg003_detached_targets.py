@@ -1,0 +1,187 @@
+"""RLG003 detached-targets: old/reference log-probs, advantages or returns computed with autograd on."""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+import libcst as cst
+
+from rlguard.lint.context import ModuleContext, dotted_name, value_name
+from rlguard.lint.rule import Invalid, Rule, Valid, Violation
+from rlguard.lint.rules._loops import forward_calls, is_grad_off
+
+TARGET_ROLES = ("old_logp", "ref_logp", "advantages", "returns")
+# Short names that play these roles in RL code but mean other things elsewhere (``ret = fn(module)``).
+TOO_GENERIC = frozenset({"ret", "rets", "targets", "A", "r", "target"})
+WHAT = {"old_logp": "old log-probs", "ref_logp": "reference log-probs", "advantages": "advantages",
+        "returns": "returns"}
+
+
+class DetachedTargets(Rule):
+    """
+    ## What it flags
+    An assignment to old (behaviour) log-probs, reference log-probs, advantages or returns whose value is
+    computed from a model forward pass (the policy, the reference model, a value head or critic, or a helper
+    applied to one of them) with autograd on: outside `with torch.no_grad()`/`torch.inference_mode()`/
+    `torch.set_grad_enabled(False)`, outside a function decorated with one of them (or only called under
+    one), and with no `.detach()` along the way. This includes values derived from tensors that carry grad,
+    such as `advantages = returns - values` where `values` come from the value head in the same function.
+
+    ## Why it is wrong
+    These tensors are *targets*: constants of the loss. With grad on, the gradient also flows through them:
+    through `old_logp` the PPO ratio's gradient cancels (ratio = exp(logp - old_logp) with both sides moving),
+    through advantages the policy learns to change the critic's values instead of its actions, through
+    returns the value loss chases its own prediction. Training looks normal at first; then the clip fraction
+    stays 0, the value loss falls while explained variance does not rise, and reward stalls. Memory also
+    grows: every target keeps its whole graph alive.
+
+    ## Example
+    ```python
+    old_logp = compute_logp(policy, ids)
+    advantages = returns - critic(obs).squeeze(-1)
+    ```
+
+    ## Use instead
+    ```python
+    with torch.no_grad():
+        old_logp = compute_logp(policy, ids)
+    advantages = returns - critic(obs).squeeze(-1).detach()
+    ```
+
+    ## Fix
+    `--fix` appends `.detach()` to the assigned value (`old_logp = compute_logp(policy, ids).detach()`,
+    `advantages = (returns - values).detach()`): the value is unchanged, only the gradient stops. Targets
+    bound by tuple unpacking (`_, old_logp, _, value = agent.get_action_and_value(obs)`) are reported without
+    a fix: wrap the computation in `with torch.no_grad():` instead.
+
+    ## Options
+    `[tool.rlguard.names]` `old_logp`, `ref_logp`, `advantages`, `returns`, `policy`, `ref_model` add your own
+    names for these tensors and models.
+    """
+
+    code = "RLG003"
+    triggers = (r"(?i)(old|ref|reference|behaviou?r|base|init|rollout|sampl\w*|mu)_?(per_token_)?log_?p|"
+                r"advantage|\badvs?\b|\breturns\s*[=,)]|\bvalue_targets\b")
+    fixable = True
+
+    VALID = [
+        Valid("with torch.no_grad():\n"
+              "    old_logp = compute_logp(policy, ids)\n", "under no_grad"),
+        Valid("@torch.no_grad()\n"
+              "def behaviour_logp(model, ids):\n"
+              "    return token_logp(model(ids).logits, ids)\n"
+              "\n"
+              "old_log_probs = behaviour_logp(policy, ids)\n", "computed by a @torch.no_grad() helper"),
+        Valid("logp = compute_logp(policy, ids)\n"
+              "old_logp = logp.detach()\n", ".detach() in the chain"),
+        Valid("def loss(self, batch):\n"
+              "    old_logprobs = batch['old_logprobs']\n"
+              "    advantages = batch['advantages']\n"
+              "    logp = self.policy(batch['ids'])\n"
+              "    return -(torch.exp(logp - old_logprobs) * advantages).mean()\n", "read from the batch dict"),
+        Valid("rewards = reward_model(ids)\n"
+              "advantages = (rewards - rewards.mean()) / (rewards.std() + 1e-8)\n",
+              "advantages from rewards only"),
+        Valid("values = self.critic(obs).squeeze(-1)\n"
+              "advantages = returns - values.detach()\n"
+              "value_loss = (values - returns).pow(2).mean()\n", "values detached for the advantages"),
+        Valid("with torch.inference_mode():\n"
+              "    ref_logits = self.ref_model(input_ids).logits\n"
+              "ref_logps = selective_log_softmax(ref_logits, input_ids)\n",
+              "the forward ran under inference_mode"),
+        Valid("def rollout(self, ids):\n"
+              "    old_logp = self.logp(self.actor, ids)\n"
+              "    return old_logp\n"
+              "\n"
+              "def step(self, ids):\n"
+              "    with torch.no_grad():\n"
+              "        batch = self.rollout(ids)\n", "a function only called under no_grad"),
+        Valid("ref_model.requires_grad_(False)\n"
+              "ref_logp = token_logp(ref_model(ids).logits, ids)\n", "the reference model is frozen"),
+        Valid("with torch.set_grad_enabled(False):\n"
+              "    _, old_logp, _, value = agent.get_action_and_value(obs)\n", "set_grad_enabled(False)"),
+        Valid("logp = compute_logp(policy, ids)\n"
+              "ratio = torch.exp(logp - old_logp)\n", "current log-probs carry grad, as they must"),
+    ]
+    INVALID = [
+        Invalid("old_logp = compute_logp(model, ids)\n", line=1,
+                fixed="old_logp = compute_logp(model, ids).detach()\n"),
+        Invalid("values = self.critic(obs).squeeze(-1)\n"
+                "advantages = returns - values\n", line=2,
+                fixed="values = self.critic(obs).squeeze(-1)\n"
+                      "advantages = (returns - values).detach()\n", why="values from the value head carry grad"),
+        Invalid("ref_logits = self.ref_model(input_ids).logits\n"
+                "ref_per_token_logps = selective_log_softmax(ref_logits, input_ids)\n", line=2,
+                fixed="ref_logits = self.ref_model(input_ids).logits\n"
+                      "ref_per_token_logps = selective_log_softmax(ref_logits, input_ids).detach()\n"),
+        Invalid("class Trainer:\n"
+                "    def collect(self, ids):\n"
+                "        self.old_log_probs = self.token_logp(self.policy, ids)\n", line=3,
+                why="a self. attribute"),
+        Invalid("def token_logp(model, ids):\n"
+                "    logits = model(ids).logits[:, :-1]\n"
+                "    return torch.gather(logits.log_softmax(-1), 2, ids[:, 1:, None]).squeeze(-1)\n"
+                "\n"
+                "behavior_logp = token_logp(policy, ids)\n", line=5, why="a same-module helper runs the forward"),
+        Invalid("_, old_logprobs, _, value = agent.get_action_and_value(obs)\n", line=1,
+                why="tuple unpacking, no fix"),
+        Invalid("with torch.no_grad():\n"
+                "    rewards = reward_model(ids)\n"
+                "next_values = critic(next_obs)\n"
+                "returns = rewards + gamma * next_values\n", line=4, why="bootstrapped returns carry grad"),
+        Invalid("logits = policy(ids).logits\n"
+                "logp = logits.log_softmax(-1)\n"
+                "old_logp = logp\n", line=3, fixed="logits = policy(ids).logits\n"
+                                                   "logp = logits.log_softmax(-1)\n"
+                                                   "old_logp = logp.detach()\n", why="alias of the live logp"),
+        Invalid("adv = gae(rewards, self.value_head(hidden).squeeze(-1), gamma, lam)\n", line=1,
+                fixed="adv = gae(rewards, self.value_head(hidden).squeeze(-1), gamma, lam).detach()\n"),
+    ]
+
+    def check(self, ctx: ModuleContext) -> Iterator[Violation]:
+        for stmt in ctx.nodes(cst.Assign):
+            for target in stmt.targets:
+                yield from self._check_target(ctx, target.target, stmt.value, stmt)
+        for stmt in ctx.nodes(cst.AnnAssign):
+            if stmt.value is not None:
+                yield from self._check_target(ctx, stmt.target, stmt.value, stmt)
+
+    def _check_target(self, ctx, target, value, stmt) -> Iterator[Violation]:
+        unpacked = isinstance(target, (cst.Tuple, cst.List))
+        elements = [el.value for el in target.elements] if unpacked else [target]
+        for element in elements:
+            role = _target_role(ctx, element)
+            if role is None:
+                continue
+            if is_grad_off(ctx, stmt):
+                return
+            if not forward_calls(ctx, value, grad=True):
+                return
+            name = ctx.module.code_for_node(element)
+            message = (f"{WHAT[role]} `{name}` are computed with autograd on, so gradient flows through a "
+                       "target; compute them under `torch.no_grad()` or add `.detach()`")
+            fix = [] if unpacked else [(value, _detached(value))]
+            yield Violation(element if unpacked else value, message, fix)
+            return
+
+
+def _target_role(ctx: ModuleContext, target: cst.BaseExpression) -> str | None:
+    name = dotted_name(target) or value_name(target)
+    if name is None or isinstance(target, cst.Subscript):
+        return None
+    bare = name.rsplit(".", 1)[-1]
+    if bare in TOO_GENERIC:
+        return None
+    roles = ctx.names.roles(bare)
+    for role in TARGET_ROLES:
+        if role in roles:
+            return role
+    return None
+
+
+def _detached(value: cst.BaseExpression) -> cst.BaseExpression:
+    if not isinstance(value, (cst.Name, cst.Attribute, cst.Call, cst.Subscript)) and not value.lpar:
+        value = value.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
+    return cst.Call(func=cst.Attribute(value=value, attr=cst.Name("detach")))
+
+

@@ -1,0 +1,288 @@
+"""RLG013 grad-not-zeroed: ``optimizer.step()`` in a loop with no ``zero_grad`` between steps."""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+import libcst as cst
+
+from rlguard.lint.context import ModuleContext, dotted_name, method_name, receiver
+from rlguard.lint.rule import Invalid, Rule, Valid, Violation
+from rlguard.lint.rules._loops import is_optimizer, loop_index, same_object
+
+ZERO_METHODS = frozenset({"zero_grad", "zero_grads", "clear_grad", "clear_grads", "clear_gradients"})
+GRAD_RESETS = frozenset({"zero_", "detach_", "fill_", "requires_grad_"})
+
+
+class GradNotZeroed(Rule):
+    """
+    ## What it flags
+    `optimizer.step()` (or `scaler.step(optimizer)`) inside a loop, with no `zero_grad` for that optimizer
+    between one step and the next: none in the loop, only one before the loop, or only one after it. Any of
+    these counts as zeroing: `optimizer.zero_grad()` (with or without `set_to_none`), `model.zero_grad()`,
+    `for p in params: p.grad = None`, `p.grad.zero_()`, or a call of a helper of the same module that does
+    one of these. When the step sits in a helper with no zeroing (`def update(...): loss.backward();
+    opt.step()`), the loop of the same module that calls the helper must zero.
+
+    Gradient accumulation is recognised: `zero_grad` right after a conditional step
+    (`if (i + 1) % accum == 0: opt.step(); opt.zero_grad()`), or in the enclosing loop when the step sits
+    after (or conditionally inside) the inner microbatch loop. DeepSpeed engines (`engine.step()`, or an
+    optimizer returned by `deepspeed.initialize`) zero their own gradients and are not flagged; neither is
+    `scheduler.step()` nor `env.step(action)`.
+
+    ## Why it is wrong
+    `.backward()` adds into `.grad`. Without zeroing, each update applies the sum of every gradient since
+    the start: the effective learning rate grows with the step count and old minibatches keep pushing the
+    weights. In training, the loss may fall for a few steps, then `approx_kl` and the gradient norm climb
+    step after step and the run diverges (with Adam, more quietly: the update direction is dominated by
+    stale gradients).
+
+    ## Example
+    ```python
+    for mb in minibatches:
+        loss = ppo_loss(policy, mb)
+        loss.backward()
+        optimizer.step()
+    ```
+
+    ## Use instead
+    ```python
+    for mb in minibatches:
+        optimizer.zero_grad(set_to_none=True)
+        loss = ppo_loss(policy, mb)
+        loss.backward()
+        optimizer.step()
+    ```
+
+    ## Fix
+    No automatic fix: where the zeroing belongs (top of the loop, after the step, at an accumulation
+    boundary) depends on the intended accumulation, which the code does not say.
+
+    ## Options
+    `[tool.rlguard.names]` `optimizer = [...]` adds your own names for optimizers.
+    """
+
+    code = "RLG013"
+    triggers = r"(?i)opt\w*\s*\.\s*step\s*\(|scaler\.step\s*\("
+
+    VALID = [
+        Valid("for batch in loader:\n"
+              "    optimizer.zero_grad()\n"
+              "    loss = model(batch).mean()\n"
+              "    loss.backward()\n"
+              "    optimizer.step()\n", "zero_grad at the top of the loop"),
+        Valid("for mb in minibatches:\n"
+              "    ppo_loss(policy, mb).backward()\n"
+              "    self.opt.step()\n"
+              "    self.opt.zero_grad(set_to_none=True)\n", "zero_grad right after the step"),
+        Valid("for i, mb in enumerate(micro_batches):\n"
+              "    (loss_fn(model, mb) / accum).backward()\n"
+              "    if (i + 1) % accum == 0:\n"
+              "        optimizer.step()\n"
+              "        optimizer.zero_grad()\n", "gradient accumulation: zero after the conditional step"),
+        Valid("for batch in loader:\n"
+              "    optimizer.zero_grad()\n"
+              "    for mb in batch.chunk(4):\n"
+              "        (loss_fn(mb) / 4).backward()\n"
+              "    optimizer.step()\n", "step after the inner accumulation loop; the outer loop zeroes"),
+        Valid("for epoch in range(epochs):\n"
+              "    for i, mb in enumerate(mbs):\n"
+              "        loss_fn(mb).backward()\n"
+              "        if i == len(mbs) - 1:\n"
+              "            optimizer.step()\n"
+              "    optimizer.zero_grad()\n", "conditional step in the inner loop, zeroed by the outer one"),
+        Valid("for batch in loader:\n"
+              "    model.zero_grad()\n"
+              "    model(batch).loss.backward()\n"
+              "    optimizer.step()\n", "model.zero_grad() zeroes the same parameters"),
+        Valid("for batch in loader:\n"
+              "    for p in model.parameters():\n"
+              "        p.grad = None\n"
+              "    model(batch).loss.backward()\n"
+              "    optim.step()\n", "grads reset by hand"),
+        Valid("for batch in loader:\n"
+              "    loss = engine(batch)\n"
+              "    engine.backward(loss)\n"
+              "    engine.step()\n"
+              "    lr_scheduler.step()\n", "DeepSpeed engine zeroes its own grads; a scheduler is no optimizer"),
+        Valid("class Trainer:\n"
+              "    def train(self, loader):\n"
+              "        opt = self.optimizer\n"
+              "        for batch in loader:\n"
+              "            self.optimizer.zero_grad()\n"
+              "            self.loss(batch).backward()\n"
+              "            opt.step()\n", "alias of the same optimizer"),
+        Valid("def reset(opt):\n"
+              "    opt.zero_grad(set_to_none=True)\n"
+              "\n"
+              "for batch in loader:\n"
+              "    reset(optimizer)\n"
+              "    loss_fn(batch).backward()\n"
+              "    optimizer.step()\n", "zeroed in a same-module helper"),
+        Valid("def update(model, optimizer, batch):\n"
+              "    optimizer.zero_grad()\n"
+              "    model(batch).loss.backward()\n"
+              "    optimizer.step()\n"
+              "\n"
+              "for batch in loader:\n"
+              "    update(model, optimizer, batch)\n", "the helper zeroes before its step"),
+        Valid("for batch in loader:\n"
+              "    def closure():\n"
+              "        optimizer.zero_grad()\n"
+              "        loss = loss_fn(model(batch))\n"
+              "        loss.backward()\n"
+              "        return loss\n"
+              "    optimizer.step(closure)\n", "LBFGS closure zeroes"),
+        Valid("model_engine, optimizer, _, _ = deepspeed.initialize(model=model, config=cfg)\n"
+              "for batch in loader:\n"
+              "    model_engine.backward(model_engine(batch))\n"
+              "    optimizer.step()\n", "DeepSpeed optimizer"),
+    ]
+    INVALID = [
+        Invalid("for batch in loader:\n"
+                "    loss = model(batch).mean()\n"
+                "    loss.backward()\n"
+                "    optimizer.step()\n", line=4, why="never zeroed"),
+        Invalid("optimizer.zero_grad()\n"
+                "for epoch in range(epochs):\n"
+                "    loss = compute_loss(model, batch)\n"
+                "    loss.backward()\n"
+                "    optimizer.step()\n", line=5, why="zeroed once, before the loop"),
+        Invalid("class PPO:\n"
+                "    def update(self, batches):\n"
+                "        for b in batches:\n"
+                "            self.critic_opt.zero_grad()\n"
+                "            self.loss(b).backward()\n"
+                "            self.actor_opt.step()\n", line=6, why="another optimizer is zeroed"),
+        Invalid("for step, batch in enumerate(dataloader):\n"
+                "    with torch.autocast('cuda'):\n"
+                "        loss = model(**batch).loss\n"
+                "    scaler.scale(loss).backward()\n"
+                "    scaler.step(optimizer)\n"
+                "    scaler.update()\n", line=5, why="AMP step, never zeroed"),
+        Invalid("for mb in minibatches:\n"
+                "    loss = ppo_loss(policy, mb)\n"
+                "    loss.backward()\n"
+                "    opt.step()\n"
+                "opt.zero_grad()\n", line=4, why="zeroed after the loop"),
+        Invalid("for epoch in range(ppo_epochs):\n"
+                "    optimizer.zero_grad()\n"
+                "    for mb in batch.split(64):\n"
+                "        loss_fn(mb).backward()\n"
+                "        optimizer.step()\n", line=5, why="a step per minibatch, zeroed once per epoch"),
+        Invalid("class Trainer:\n"
+                "    def train(self):\n"
+                "        opt = self.policy_optimizer\n"
+                "        while self.step < self.total:\n"
+                "            self.value_optimizer.zero_grad()\n"
+                "            self.loss().backward()\n"
+                "            opt.step()\n", line=7, why="alias of the policy optimizer, value one zeroed"),
+        Invalid("def update(model, optimizer, batch):\n"
+                "    loss = model(batch).mean()\n"
+                "    loss.backward()\n"
+                "    optimizer.step()\n"
+                "\n"
+                "def train(model, optimizer, loader):\n"
+                "    for batch in loader:\n"
+                "        update(model, optimizer, batch)\n", line=4, why="the helper's caller loops, never zeroes"),
+    ]
+
+    def check(self, ctx: ModuleContext) -> Iterator[Violation]:
+        index = loop_index(ctx)
+        if not index.step_calls:
+            return
+        zeros = _zeroing(ctx)
+        for call, opt in index.step_calls:
+            loops = ctx.enclosing_loops(call)
+            if loops:
+                if _zeroed_in_loops(ctx, call, opt, loops, zeros):
+                    continue
+                yield Violation(call, f"`{_text(ctx, call)}` runs in a loop with no zero_grad for that optimizer "
+                                      "between steps, so gradients accumulate across updates; call "
+                                      f"`{_text(ctx, opt)}.zero_grad()` before each backward (or after the step)")
+                continue
+            func = ctx.enclosing_function(call)
+            if func is None or any(ctx.contains(func, z) and _matches(ctx, z, o, opt) for z, o in zeros):
+                continue
+            for site in _call_sites(ctx, func):
+                site_loops = ctx.enclosing_loops(site)
+                if site_loops and not any(ctx.contains(site_loops[0], z) for z, _ in zeros):
+                    yield Violation(call, f"`{_text(ctx, call)}` has no zero_grad before it, and "
+                                          f"`{func.name.value}()` is called in a loop that does not zero "
+                                          "either, so gradients accumulate across updates; call "
+                                          f"`{_text(ctx, opt)}.zero_grad()` before the backward")
+                    break
+
+
+def _text(ctx: ModuleContext, node: cst.CSTNode) -> str:
+    return ctx.module.code_for_node(node).strip()
+
+
+def _zeroed_in_loops(ctx, call, opt, loops, zeros) -> bool:
+    inner = loops[0]
+    if any(ctx.contains(inner, z) and _matches(ctx, z, o, opt) for z, o in zeros):
+        return True
+    conditional = any(isinstance(a, cst.If) for a in _between(ctx, call, inner))
+    if conditional:
+        return any(ctx.contains(loop, z) and _matches(ctx, z, o, opt) for loop in loops[1:] for z, o in zeros)
+    return False
+
+
+def _between(ctx: ModuleContext, node: cst.CSTNode, outer: cst.CSTNode):
+    for anc in ctx.ancestors(node):
+        if anc is outer:
+            return
+        yield anc
+
+
+def _matches(ctx: ModuleContext, zero: cst.CSTNode, zero_opt: cst.BaseExpression | None,
+             opt: cst.BaseExpression) -> bool:
+    return zero_opt is None or same_object(ctx, zero_opt, opt)
+
+
+def _zeroing(ctx: ModuleContext) -> list[tuple[cst.CSTNode, cst.BaseExpression | None]]:
+    """Every statement that zeroes gradients, with the optimizer it zeroes (None: parameters in general)."""
+    found: list[tuple[cst.CSTNode, cst.BaseExpression | None]] = []
+    helpers: set[str] = set()
+    for call in ctx.nodes(cst.Call):
+        name = method_name(call)
+        func_name = call.func.value if isinstance(call.func, cst.Name) else None
+        recv = receiver(call)
+        if name in ZERO_METHODS or (func_name and "zero_grad" in func_name):
+            opt = recv if recv is not None and is_optimizer(ctx, recv) else None
+            found.append((call, opt))
+        elif name in GRAD_RESETS and recv is not None and _is_grad(recv):
+            found.append((call, None))
+        else:
+            continue
+        func = ctx.enclosing_function(call)
+        if func is not None:
+            helpers.add(func.name.value)
+    for stmt in ctx.nodes(cst.Assign):
+        if any(_is_grad(t.target) for t in stmt.targets):
+            found.append((stmt, None))
+            func = ctx.enclosing_function(stmt)
+            if func is not None:
+                helpers.add(func.name.value)
+    if helpers:
+        for call in ctx.nodes(cst.Call):
+            name = call.func.value if isinstance(call.func, cst.Name) else method_name(call)
+            if name in helpers:
+                found.append((call, None))
+    return found
+
+
+def _is_grad(expr: cst.BaseExpression) -> bool:
+    """``p.grad``, ``p.grad.data``."""
+    name = dotted_name(expr)
+    return name is not None and (name.endswith(".grad") or name.endswith(".grad.data"))
+
+
+def _call_sites(ctx: ModuleContext, func: cst.FunctionDef) -> Iterator[cst.Call]:
+    name = func.name.value
+    for call in ctx.nodes(cst.Call):
+        if isinstance(call.func, cst.Name) and call.func.value == name:
+            yield call
+        elif isinstance(call.func, cst.Attribute) and call.func.attr.value == name and \
+                dotted_name(call.func.value) in ("self", "cls"):
+            yield call
