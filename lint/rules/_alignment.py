@@ -110,6 +110,7 @@ class Align:
     root: str  # the root's text and scope: two tensors with the same root come from the same sequence
     kind: str
     moved: bool = False  # sliced, padded or rolled on the time axis somewhere along the chain
+    name: str = ""  # the root's name (``attention_mask`` for ``batch["attention_mask"]``)
     model: bool = False  # logits computed by a model call in view
     via: tuple[int, ...] = ()  # ids of the assignment statements passed through
 
@@ -256,6 +257,9 @@ class Tracer:
             inner = self.trace(expr.value, side, env, depth - 1)
             if inner is None or kind == "none":
                 return inner
+            if inner.kind == ROOT_TOKEN and not inner.moved and TOKEN_MASK_NAME.fullmatch(inner.name):
+                # a mask sliced on the time axis is an ids-aligned [B, T] mask, whatever its name says
+                inner = replace(inner, s=ZERO, kind=ROOT_IDS)
             return apply_slice(inner, el, ctx.module)
         if isinstance(expr, cst.BinaryOperation):
             if isinstance(expr.operator, (cst.Divide, cst.Multiply)) and side == "logits":
@@ -390,7 +394,7 @@ class Tracer:
         start = ONE if kind == ROOT_TOKEN else ZERO
         text = re.sub(r"\s+", "", self.ctx.module.code_for_node(expr))
         scope = self.ctx.scope_of(expr).node
-        return Align(start, ZERO, f"{text}@{id(scope)}", kind)
+        return Align(start, ZERO, f"{text}@{id(scope)}", kind, name=(name or "").rsplit(".", 1)[-1])
 
     def helper_returns(self, call: cst.Call, env: Env) -> list[tuple[cst.BaseExpression, Env]]:
         """Return values of a same-module helper, with the helper's parameters bound to the call's arguments."""

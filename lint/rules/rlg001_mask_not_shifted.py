@@ -1,0 +1,371 @@
+"""RLG001 mask-not-shifted: the action/loss mask sits one token off the log-probs it selects."""
+
+from __future__ import annotations
+
+import re
+from typing import Iterator
+
+import libcst as cst
+
+from rlguard.lint.context import ModuleContext, argument, dotted_name, value_name
+from rlguard.lint.rule import Invalid, Rule, Valid, Violation
+from rlguard.lint.rules._alignment import (ONE, OWNER_NAME, ROOT_IDS, ROOT_LOGITS, ROOT_TOKEN, ROOT_UNKNOWN, Align,
+                                           Env, Tracer, _reaching, apply_slice, bind_params, call_sites,
+                                           gather_site, is_module_function, lin, qualified, time_element)
+
+SKIP_ROLES = ("advantages", "returns", "rewards", "mask", "entropy_coef", "kl_coef")
+VALUE_NAME = re.compile(r"(?i)\w*values?(_pred|_preds|_old)?|vpred|v_pred")
+ELEMENTWISE_METHODS = frozenset({
+    "exp", "clamp", "clip", "float", "double", "to", "detach", "clone", "contiguous", "squeeze", "neg", "abs",
+    "pow", "sub", "add", "mul", "div", "half", "bfloat16", "type_as", "log", "sigmoid", "minimum", "maximum",
+})
+ELEMENTWISE_FUNCTIONS = frozenset({
+    "torch.exp", "torch.clamp", "torch.clip", "torch.min", "torch.max", "torch.minimum", "torch.maximum",
+    "torch.where", "torch.abs", "torch.square", "torch.log",
+})
+PRODUCER_NAME = re.compile(r"(?i)(action|loss|response|resp|completion|policy|token|act)_?masks?")
+
+
+
+class MaskNotShifted(Rule):
+    """
+    ## What it flags
+    An action/loss mask that selects per-token values (log-probs, ratios, per-token losses, KL terms) from a
+    different position than the one where those values are stored:
+
+    - a mask built from `ids`-aligned data (`owner == POLICY`, `attention_mask`, `ids != pad`) with
+      `[:, :-1]` where `[:, 1:]` is meant: `action_mask = (owner[:, :-1] == POLICY).float()`;
+    - a pad, roll or window that moves the mask the wrong way relative to the log-probs:
+      `F.pad(mask, (1, 0))[:, :-1]`, `torch.roll(mask, 1, -1)`, `attention_mask[:, -L-1:-1]` beside
+      log-probs `[:, -L:]`.
+
+    The rule works out where the log-probs are stored from the code that gathers them (`logits[:, :-1]`
+    against `ids[:, 1:]` gives ids positions 1..T-1; log-probs padded back to token positions give 0..T-1)
+    and where the mask is, following names, `self.` attributes, batch keys, slices, `F.pad`, `torch.roll`,
+    comparisons and same-module helpers. It reports only when the two are a known, non-zero number of
+    positions apart. A mask read as it is (`mask = batch["action_mask"]`) is trusted: per the catalog,
+    per-token masks are already [B, T-1] and aligned to `ids[:, 1:]`.
+
+    ## Why it is wrong
+    `logp[:, t]` is the log-prob of `ids[:, t + 1]`. A mask aligned to `ids` instead of `ids[:, 1:]` moves
+    every policy span one token: the loss trains on the last prompt or environment token before each span
+    and drops the policy's final token (often its answer or EOS). The run looks healthy, but the ratio and
+    KL include tokens the policy never chose, pass rates stall, and multi-turn episodes learn to imitate the
+    environment's first token.
+
+    ## Example
+    ```python
+    action_mask = (owner[:, :-1] == POLICY).float()
+    loss = (pg_loss * action_mask).sum() / action_mask.sum()
+    ```
+
+    ## Use instead
+    ```python
+    action_mask = (owner[:, 1:] == POLICY).float()  # aligned to ids[:, 1:], like the log-probs
+    ```
+
+    ## Fix
+    No automatic fix: the right correction (slice the mask `[:, 1:]`, drop a pad, or move the log-probs
+    instead) depends on how the trainer stores its per-token tensors.
+
+    ## Options
+    `[tool.rlguard.names]` `mask = [...]`, `logp = [...]` and `ids = [...]` add your own names.
+    """
+
+    code = "RLG001"
+    triggers = (r"(?s)\A(?=.*mask)(?=.*(?:\[\s*:\s*,|\[\s*\.\.\.\s*,|\.pad\(|roll\())"
+                r"(?=.*(?:log_?probs?|logps?|logprobs?|logits|owner))")
+
+    VALID = [
+        Valid("logits = model(ids).logits\n"
+              "logp = logits[:, :-1].log_softmax(-1).gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1)\n"
+              "mask = attention_mask[:, 1:]\nloss = -(logp * adv * mask).sum() / mask.sum()\n",
+              "attention_mask[:, 1:] beside logits[:, :-1]"),
+        Valid("mask = batch['action_mask']\nloss_mask = mask\nratio = torch.exp(logp - batch['old_logp'])\n"
+              "loss = (-(ratio * adv) * loss_mask).sum() / loss_mask.sum()\n",
+              "a [B, T-1] action mask used as it is"),
+        Valid("def build_action_mask(owner):\n    return (owner[:, 1:] == POLICY).float()\n",
+              "ownership of ids[:, 1:]"),
+        Valid("log_probs = F.pad(token_logp, (1, 0))\nmask = F.pad(action_mask, (1, 0))\n"
+              "loss = (log_probs * mask).sum()\n", "both padded back to token positions"),
+        Valid("output = model(input_ids=input_ids)\nlogits = output.logits[:, -response_length - 1 : -1, :]\n"
+              "log_prob = logprobs_from_logits(logits, responses)\n"
+              "response_mask = attention_mask[:, -response_length:]\n"
+              "ratio = torch.exp(log_prob - old_log_prob)\npg_loss = masked_mean(-advantages * ratio, response_mask)\n",
+              "verl style windows"),
+        Valid("logprobs = logprobs_of_labels(logits[:, :-1, :], tokens[:, 1:])\nstart = query_len - 1\n"
+              "end = start + response_length\nlogprobs, mask = logprobs[:, start:end], attention_mask[:, start + 1:end + 1]\n"
+              "loss = masked_mean(logprobs * adv, mask)\n", "trlx style windows"),
+        Valid("state_seq = sequences[:, input_len - 1 : -1]\n"
+              "action_mask = state_seq.ne(eos_token_id) & state_seq.ne(pad_token_id)\n",
+              "OpenRLHF's state mask: a symbolic window, never flagged"),
+        Valid("values = critic(ids)[:, :-1]\nvf_mask = attention_mask[:, :-1]\n"
+              "vf_loss = ((values - returns) ** 2 * vf_mask).sum()\n", "values at state positions"),
+        Valid("logits = self.model(input_ids).logits\n"
+              "labels = torch.roll(input_ids, shifts=-1, dims=1)\nlogp = log_probs_from_logits(logits, labels)\n"
+              "mask = torch.roll(attention_mask, shifts=-1, dims=1)\nloss = (logp * mask).sum()\n",
+              "log-probs and mask rolled together"),
+    ]
+    INVALID = [
+        Invalid("def build_action_mask(owner):\n    action_mask = (owner[:, :-1] == POLICY).float()\n"
+                "    return action_mask\n", line=2, why="ownership of ids[:, :-1]"),
+        Invalid("logits = model(ids).logits\n"
+                "logp = logits[:, :-1].log_softmax(-1).gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1)\n"
+                "mask = attention_mask[:, :-1]\nloss = -(logp * adv * mask).sum() / mask.sum()\n", line=4,
+                why="mask[:, :-1] where mask[:, 1:] is meant"),
+        Invalid("ratio = torch.exp(logp - old_logp)\nm = F.pad(batch['attention_mask'], (1, 0))[:, :-1]\n"
+                "pg_loss = masked_mean(-adv * ratio, m)\n", line=3, why="padded the wrong way"),
+        Invalid("loss_mask = torch.roll(mask, 1, -1)\nkl = (log_probs - ref_log_probs) * loss_mask\n", line=2,
+                why="rolled the wrong way"),
+        Invalid("logp = full_logp[:, -L:]\nmask = attention_mask[:, -L - 1:-1]\n"
+                "loss = -(logp * adv * mask).sum()\n", line=3, why="window one step too early"),
+        Invalid("class Trainer:\n    def prepare(self, batch):\n"
+                "        self.loss_mask = batch['loss_mask'][:, :-1]\n"
+                "    def loss(self, logp, adv):\n        return -(logp * adv * self.loss_mask).sum()\n", line=3,
+                why="a [B, T] loss mask cut to [:, :-1], used through a self attribute"),
+        Invalid("log_probs = F.pad(token_logp, (1, 0))\nmask = F.pad(attention_mask, (1, 0))\n"
+                "loss = (log_probs * mask).sum()\n", line=3,
+                why="log-probs moved to token positions, an ids-aligned mask moved too"),
+        Invalid("def aggregate(values, mask):\n    return (values * mask).sum() / mask.sum()\n"
+                "def step(logp, old_logp, adv, owner):\n    ratio = (logp - old_logp).exp()\n"
+                "    return aggregate(-adv * ratio, (owner[:, :-1] == POLICY).float())\n", line=5,
+                why="a helper fed a mask built inline"),
+    ]
+
+    def check(self, ctx: ModuleContext) -> Iterator[Violation]:
+        tracer = Tracer(ctx)
+        producers: set[int] = set()
+        for stmt, target, value in _producers(ctx):
+            m = tracer.trace(value, "seq")
+            if m is None or not m.moved or m.kind != ROOT_IDS:
+                continue
+            if not (m.s.is_const() and m.e.is_const()) or (m.e - m.s).const != -1 or m.s.const == 1:
+                continue
+            producers.add(id(stmt))
+            yield Violation(stmt, f"{_describe(m)}: the mask is [B, T-1] but aligned to ids[:, {_window(m)}], "
+                                  "not to ids[:, 1:] like the log-probs; build it from ids[:, 1:] "
+                                  "(e.g. owner[:, 1:] == POLICY)")
+        sites = list(_sites(ctx, tracer))
+        reported: set[int] = set()
+        deferred: dict[int, list] = {}
+        for node, values, mask in sites:
+            verdict = _judge(ctx, tracer, values, mask, {}, producers)
+            if verdict is not None:
+                reported.add(id(node))
+                yield Violation(node, verdict)
+            elif verdict is None:
+                func = ctx.enclosing_function(node)
+                if func is not None:
+                    deferred.setdefault(id(func), []).append((func, node, values, mask))
+        for entries in deferred.values():
+            func = entries[0][0]
+            for call in call_sites(ctx, func):
+                env = bind_params(func, call, {})
+                for _, node, values, mask in entries:
+                    verdict = _judge(ctx, tracer, values, mask, env, producers)
+                    if verdict is not None and id(call) not in reported:
+                        reported.add(id(call))
+                        yield Violation(call, f"in `{func.name.value}` called here: {verdict}")
+
+
+def _window(a: Align) -> str:
+    start = "" if a.s.const == 0 else str(a.s.const)
+    stop = "" if a.e.const == 0 else str(a.e.const)
+    return f"{start}:{stop}"
+
+
+def _describe(a: Align) -> str:
+    return f"mask aligned to ids[:, {_window(a)}]" if a.s.is_const() and a.e.is_const() else "mask"
+
+
+def _producers(ctx: ModuleContext):
+    """Assignments and returns that build an action mask."""
+    for stmt in ctx.nodes(cst.Assign):
+        if len(stmt.targets) != 1:
+            continue
+        name = dotted_name(stmt.targets[0].target)
+        if name is None:
+            continue
+        bare = name.rsplit(".", 1)[-1]
+        if PRODUCER_NAME.fullmatch(bare) or _owner_comparison(stmt.value):
+            yield stmt, name, stmt.value
+    for ret in ctx.nodes(cst.Return):
+        func = ctx.enclosing_function(ret)
+        if ret.value is not None and func is not None and "mask" in func.name.value.lower() and not isinstance(
+                ret.value, cst.Name):
+            yield ret, None, ret.value
+
+
+def _owner_comparison(expr: cst.BaseExpression) -> bool:
+    while isinstance(expr, cst.Call) and isinstance(expr.func, cst.Attribute):
+        expr = expr.func.value
+    if isinstance(expr, cst.Comparison):
+        for side in (expr.left, *(c.comparator for c in expr.comparisons)):
+            while isinstance(side, cst.Subscript):
+                side = side.value
+            if isinstance(side, (cst.Name, cst.Attribute)) and OWNER_NAME.fullmatch(value_name(side) or ""):
+                return True
+    return False
+
+
+def _is_mask(ctx: ModuleContext, tracer: Tracer, expr: cst.BaseExpression) -> bool:
+    inner = expr
+    while isinstance(inner, cst.UnaryOperation):
+        inner = inner.expression
+    if _owner_comparison(inner):
+        return True
+    if any(ctx.names.is_role(n, "mask") for n in ctx.role_names(inner)[:4]):
+        return True
+    traced = tracer.trace(inner, "seq")
+    return traced is not None and ctx.names.is_role(traced.name, "mask")
+
+
+def _sites(ctx: ModuleContext, tracer: Tracer):
+    """(node, per-token values, mask) where a mask selects per-token values."""
+    for op in ctx.nodes(cst.BinaryOperation):
+        if not isinstance(op.operator, cst.Multiply):
+            continue
+        left, right = _is_mask(ctx, tracer, op.left), _is_mask(ctx, tracer, op.right)
+        if left != right:
+            yield (op, op.left, op.right) if right else (op, op.right, op.left)
+    for call in ctx.nodes(cst.Call):
+        func = call.func
+        name = func.attr.value if isinstance(func, cst.Attribute) else (
+            func.value if isinstance(func, cst.Name) else None)
+        if name is None:
+            continue
+        if "masked" in name.lower() and name not in ("masked_fill", "masked_select", "masked_scatter") \
+                and len(call.args) >= 2:
+            values, mask = argument(call, 0, None), argument(call, 1, "mask")
+            if values is not None and mask is not None and _is_mask(ctx, tracer, mask):
+                yield call, values, mask
+        elif name in ("masked_fill", "masked_select") and isinstance(func, cst.Attribute) and call.args:
+            mask = call.args[0].value
+            if _is_mask(ctx, tracer, mask):
+                yield call, func.value, mask
+        elif qualified(ctx, call) == "torch.where" and len(call.args) >= 2 and _is_mask(ctx, tracer, call.args[0].value):
+            yield call, call.args[1].value, call.args[0].value
+
+
+def _judge(ctx, tracer: Tracer, values, mask, env: Env, producers: set[int]) -> str | None:
+    m = tracer.trace(mask, "seq", env)
+    if m is None or m.kind == ROOT_LOGITS or (m.kind == ROOT_UNKNOWN and not m.moved):
+        return None
+    if any(v in producers for v in m.via):
+        return None  # already reported where the mask is built
+    aligns = _token_aligns(ctx, tracer, values, env, 10, set())
+    if not aligns:
+        return None
+    if not m.moved and not any(computed for _, computed in aligns):
+        return None
+    diffs = set()
+    for a, _ in aligns:
+        d = m.s - a.s
+        if not d.is_const():
+            d = m.e - a.e
+            if not d.is_const():
+                return None
+        diffs.add(d.const)
+    if 0 in diffs or len(diffs) != 1:
+        return None
+    k = diffs.pop()
+    return (f"the mask is {abs(k)} position{'s' if abs(k) != 1 else ''} {'left' if k < 0 else 'right'} of the "
+            "per-token values it selects (log-probs of ids[:, 1:] sit at logits[:, :-1]'s positions); "
+            "align the mask to ids[:, 1:] (e.g. attention_mask[:, 1:], owner[:, 1:] == POLICY)")
+
+
+def _token_aligns(ctx: ModuleContext, tracer: Tracer, expr, env: Env, depth: int, seen: set) -> list[tuple[Align, bool]]:
+    """Where the per-token log-prob values inside ``expr`` are stored: (alignment, computed here?) pairs."""
+    if depth < 0 or expr is None or (id(expr), id(env)) in seen:
+        return []
+    seen.add((id(expr), id(env)))
+    rec = lambda e, en=env: _token_aligns(ctx, tracer, e, en, depth - 1, seen)  # noqa: E731
+    if isinstance(expr, (cst.Name, cst.Attribute)):
+        name = value_name(expr)
+        key = dotted_name(expr)
+        if isinstance(expr, cst.Name) and key in env and not _reaching(ctx, key, expr):
+            arg, caller_env = env[key]
+            return rec(arg, caller_env)
+        if name is None or any(ctx.names.is_role(name, r) for r in SKIP_ROLES) or VALUE_NAME.fullmatch(name):
+            return []
+        if isinstance(expr, cst.Attribute) and (key is None or not key.startswith("self.") or key.count(".") > 1):
+            return _assumed(ctx, tracer, expr, name, env)
+        assigns = _reaching(ctx, key, expr)
+        if not assigns:
+            if isinstance(expr, cst.Name) and key in env:
+                arg, caller_env = env[key]
+                return rec(arg, caller_env)
+            return _assumed(ctx, tracer, expr, name, env)
+        out = []
+        for a in assigns:
+            if a.value is not None and a.unpacked is None:
+                out += rec(a.value)
+        return out or _assumed(ctx, tracer, expr, name, env)
+    if isinstance(expr, cst.Subscript):
+        kind, el = time_element(expr, "seq")
+        if kind == "key":
+            return _assumed(ctx, tracer, expr, value_name(expr), env)
+        if kind == "index":
+            return []
+        inner = rec(expr.value)
+        if kind == "none":
+            return inner
+        out = []
+        for a, computed in inner:
+            moved = apply_slice(a, el, ctx.module)
+            if moved is not None:
+                out.append((moved, computed))
+        return out
+    if isinstance(expr, cst.BinaryOperation):
+        return rec(expr.left) + rec(expr.right)
+    if isinstance(expr, cst.UnaryOperation):
+        return rec(expr.expression)
+    if isinstance(expr, cst.Call):
+        site = gather_site(ctx, expr)
+        if site is not None:
+            labels = tracer.trace(site.labels, "seq", env)
+            if labels is not None and labels.kind == ROOT_IDS:
+                return [(labels, True)]
+            logits = tracer.trace(site.logits, "logits", env)
+            if logits is not None and (logits.model or logits.moved):
+                return [(logits.shift(ONE, ONE), True)]
+            return []
+        func = expr.func
+        qname = qualified(ctx, expr)
+        if qname == "torch.nn.functional.pad" and expr.args:
+            pad = argument(expr, 1, "pad")
+            inner = rec(expr.args[0].value)
+            if isinstance(pad, (cst.Tuple, cst.List)) and len(pad.elements) >= 2:
+                left, right = lin(pad.elements[0].value, ctx.module), lin(pad.elements[1].value, ctx.module)
+                if left is not None and right is not None:
+                    return [(a.shift(-left, right), c) for a, c in inner]
+            return []
+        if qname == "torch.roll" or (isinstance(func, cst.Attribute) and func.attr.value == "roll"
+                                     and not is_module_function(ctx, expr)):
+            return []
+        if qname in ELEMENTWISE_FUNCTIONS:
+            return [x for arg in expr.args for x in rec(arg.value)]
+        if isinstance(func, cst.Attribute) and not is_module_function(ctx, expr):
+            if func.attr.value in ELEMENTWISE_METHODS:
+                if func.attr.value == "squeeze" and expr.args and not _last_dim(expr.args[0].value):
+                    return []
+                return rec(func.value)
+            return []
+        if isinstance(func, cst.Name):
+            return [x for ret, new_env in tracer.helper_returns(expr, env) for x in rec(ret, new_env)]
+    return []
+
+
+def _last_dim(expr) -> bool:
+    return isinstance(expr, cst.UnaryOperation) and isinstance(expr.expression, cst.Integer) \
+        and expr.expression.value == "1"
+
+
+def _assumed(ctx, tracer: Tracer, expr, name, env) -> list[tuple[Align, bool]]:
+    """A log-prob tensor read from elsewhere: by the catalog's convention [B, T-1], aligned to ids[:, 1:]."""
+    if name and any(ctx.names.is_role(name, r) for r in ("logp", "old_logp", "ref_logp")) and "logit" not in name:
+        root = tracer._root(expr, name, env)
+        if root is not None and root.kind == ROOT_TOKEN:
+            return [(root, False)]
+    return []
+
