@@ -458,13 +458,18 @@ def _int_is(expr: cst.BaseExpression | None, values: tuple[int, ...]) -> bool:
 
 
 def _reaching(ctx: ModuleContext, key: str, at: cst.CSTNode):
-    """Assignments reaching ``at``, looking through augmented assignments (``logits /= t`` keeps logits)."""
-    assigns = [a for a in ctx.reaching_assignments(key, at) if a.op is None]
-    if assigns or key.startswith("self."):
+    """Plain assignments that may give ``key`` its value at ``at``: the last one before it (not the statement
+    that contains ``at``: in ``x = x[:, 1:]`` the right side reads the earlier ``x``), plus later ones in an
+    enclosing loop. Augmented assignments (``logits /= t``) keep the value's layout and are looked through."""
+    assigns = [a for a in ctx.assignments_to(key, at) if a.op is None]
+    if not assigns or key.startswith("self."):
         return assigns
-    index = ctx.order[id(at)]
-    earlier = [a for a in ctx.assignments_to(key, at) if a.op is None and a.index < index]
-    return earlier[-1:]
+    at_index = ctx.order[id(at)]
+    before = [a for a in assigns if a.index < at_index and not ctx.contains(a.statement, at)]
+    reach = before[-1:]
+    for loop in ctx.enclosing_loops(at):
+        reach += [a for a in assigns if a.index > at_index and ctx.contains(loop, a.statement)]
+    return reach
 
 
 # ----- gather sites -------------------------------------------------------------------------------------

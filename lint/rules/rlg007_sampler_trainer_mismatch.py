@@ -1,0 +1,452 @@
+"""RLG007 sampler-trainer-mismatch: old log-probs from a sampler at another temperature than the trainer's."""
+
+from __future__ import annotations
+
+import re
+from typing import Iterator
+
+import libcst as cst
+
+from rlguard.lint.context import ModuleContext, argument, dotted_name
+from rlguard.lint.rule import Invalid, Rule, Valid, Violation
+from rlguard.lint.rules._alignment import _reaching, gather_site, is_model_call, is_module_function, qualified
+
+TEMPERATURE_KEYWORDS = ("temperature", "temp", "sampling_temperature", "tau")
+SAMPLER_CALL = re.compile(r"(?i)\w*(generate|sample|rollout|collect|decode)\w*|SamplingParams|GenerationConfig")
+EVAL_NAME = re.compile(r"(?i)\w*(eval|valid|test|greedy|bench|demo|inference|predict)\w*")
+ROLLOUT_FUNCTION = re.compile(r"(?i)\w*(rollout|collect|experience|make_batch|sample_batch|generate_batch)\w*")
+CONFIG_OBJECT = re.compile(r"(?i)(self\.)?(cfg|config|conf|args|hparams|params|opts|settings)")
+LOGP_CALL = re.compile(r"(?i)\w*(log_?probs?|logps?)\w*")
+RECOMPUTE = re.compile(r"(?i)\b(model|policy|actor|lm|net)\s*\(|log_softmax|\.gather\(|\.log_prob\(|"
+                       r"log_?probs?_(from|of)_\w+\(|selective_log_softmax|(get|compute)_\w*log_?probs?\(")
+SAMPLING_OPS = ("torch.multinomial", "multinomial")
+
+
+class SamplerTrainerMismatch(Rule):
+    """
+    ## What it flags
+    Old (behaviour) log-probs that come from a sampler whose distribution differs from the one the trainer
+    scores, where both temperatures are visible in the module:
+
+    - the sampler runs at one temperature (`generate(..., temperature=0.7)`,
+      `sample(..., temperature=SAMPLER_TEMP)`, `SamplingParams(temperature=...)`, or `logits / 0.7` inside a
+      sampling function) and the trainer's log-probs divide the logits by another (`logits / TRAIN_TEMP`),
+      with literal values or names bound to different literals (module constants, `self.` attributes,
+      config-class defaults);
+    - the trainer's log-probs come from logits *not* divided by the temperature while the sampler's
+      temperature is visibly not 1;
+    - a training rollout that hard-codes its sampling temperature (a literal or module constant other than
+      1) while it takes every other setting from a config object that this module never asks for its
+      temperature: the trainer, which reads the config, scores another distribution.
+
+    The first two cases need evidence that the sampler's log-probs are used as old log-probs (an old-logp name
+    such as `old_logp`, `sampler_logp`, `rollout_log_probs` is read and not recomputed from the model in this
+    module). Sampling for evaluation (`evaluate`, `greedy`, `do_sample=False`) is ignored.
+
+    ## Why it is wrong
+    PPO's ratio `exp(logp - old_logp)` assumes both log-probs are of the same distribution before the first
+    step. With another temperature the ratio is far from 1 on every token (`logp_gap` well above 1e-4),
+    tokens the sampler made rare look over-sampled, clipping fires on the first minibatch, and the update
+    optimises the wrong objective: reward stalls or the policy drifts towards the sampler's temperature.
+
+    ## Example
+    ```python
+    out = model.generate(ids, do_sample=True, temperature=0.7, output_scores=True)
+    old_logp = rollout_logp(out)
+    ...
+    logp = token_log_probs(model(ids).logits / 1.0, ids)
+    ```
+
+    ## Use instead
+    ```python
+    TEMPERATURE = 0.7
+    out = model.generate(ids, do_sample=True, temperature=TEMPERATURE, output_scores=True)
+    ...
+    logp = token_log_probs(model(ids).logits / TEMPERATURE, ids)
+    ```
+
+    ## Fix
+    No automatic fix: which of the two temperatures is the intended one is a training decision.
+
+    ## Options
+    `[tool.rlguard.names]` `old_logp = [...]` adds your own names for stored sampler log-probs.
+    """
+
+    code = "RLG007"
+    triggers = r"(?s)\A(?=.*(?:temperature|\btemp\b|\btau\b|multinomial))(?=.*(?:logits|logp|log_prob|logprob|sample))"
+
+    VALID = [
+        Valid("TEMP = 0.7\nout = sample(model, prompts, temperature=TEMP)\nold_logp = out['sampler_logp']\n"
+              "logp = token_log_probs(model(ids) / TEMP, ids)\n", "both at the same named temperature"),
+        Valid("episodes = sample_episodes(model, tasks, temperature=1.0)\nold_logp = batch['sampler_logp']\n"
+              "logits = model(ids)\nlogp = logits[:, :-1].log_softmax(-1).gather(-1, ids[:, 1:, None])\n",
+              "temperature 1.0 sampler and undivided logits"),
+        Valid("def evaluate(model, prompts):\n    return model.generate(prompts, temperature=0.2)\n"
+              "def train_step(model, ids, old_logp):\n"
+              "    logp = model(ids).log_softmax(-1).gather(-1, ids[:, 1:, None])\n",
+              "evaluation-only sampling"),
+        Valid("out = model.generate(ids, temperature=0.7)\nwith torch.no_grad():\n"
+              "    old_logp = token_logp(model(out) / 0.7, out)\nlogp = token_logp(model(out) / 0.7, out)\n",
+              "old log-probs recomputed by the trainer at the same temperature"),
+        Valid("def rollout(model, tasks, cfg):\n"
+              "    return sample_episodes(model, tasks, cfg.group_size, temperature=cfg.temperature)\n",
+              "rollout temperature from the config"),
+        Valid("class Trainer:\n    def __init__(self):\n        self.temperature = 0.9\n"
+              "    def rollout(self, prompts):\n        return self.llm.generate(prompts, temperature=self.temperature)\n"
+              "    def loss(self, ids, old_logp):\n"
+              "        logp = logprobs_from_logits(self.model(ids).logits[:, :-1] / self.temperature, ids[:, 1:])\n",
+              "same self attribute"),
+        Valid("params = SamplingParams(temperature=cfg.temperature)\nold_logprobs = rollout_logprobs\n"
+              "logits = model(ids).logits / cfg.temperature\n", "same config field"),
+        Valid("old_logp = batch['old_logp']\nlogits = model(ids).logits\n"
+              "samples = torch.multinomial(torch.softmax(logits[:, -1] / 0.7, -1), 1)\n",
+              "a sampler in view but the trainer's temperature is unknown"),
+    ]
+    INVALID = [
+        Invalid("SAMPLER_TEMP = 0.7\nTRAIN_TEMP = 1.0\n"
+                "episodes = sample(model, prompts, temperature=SAMPLER_TEMP)\nold_logp = batch['sampler_logp']\n"
+                "logits = model(ids).logits / TRAIN_TEMP\n"
+                "logp = logits[:, :-1].log_softmax(-1).gather(-1, ids[:, 1:, None])\n", line=5,
+                why="two module constants"),
+        Invalid("out = model.generate(ids, do_sample=True, temperature=0.7)\nold_logprobs = out.logprobs\n"
+                "logits = model(out.sequences).logits\n"
+                "logp = torch.log_softmax(logits[:, :-1], -1).gather(-1, out.sequences[:, 1:, None])\n", line=4,
+                why="logits not divided while the sampler ran at 0.7"),
+        Invalid("params = SamplingParams(temperature=0.6, logprobs=0)\nrollout_logp = collect(params)\n"
+                "def train(model, ids, rollout_logp):\n    logits = model(ids).logits\n    logits = logits / 0.8\n"
+                "    logp = logprobs_from_logits(logits[:, :-1], ids[:, 1:])\n", line=5, why="0.6 vs 0.8"),
+        Invalid("SAMPLER_TEMPERATURE = 0.7\n\ndef rollout(model, tasks, cfg, generator):\n"
+                "    episodes = sample_episodes(model, tasks, cfg.spec, cfg.group_size,\n"
+                "                               temperature=SAMPLER_TEMPERATURE, generator=generator)\n"
+                "    return collate(episodes, cfg.group_size)\n", line=5,
+                why="hard-coded rollout temperature bypassing the config"),
+        Invalid("@dataclass\nclass Config:\n    sample_temperature: float = 0.7\n    temperature: float = 1.0\n"
+                "cfg = Config()\nbatch = rollout(policy, prompts, temperature=cfg.sample_temperature)\n"
+                "old_log_probs = batch['old_log_probs']\n"
+                "log_probs = token_log_probs(policy(batch['ids']) / cfg.temperature, batch['ids'])\n", line=8,
+                why="config-class defaults differ"),
+        Invalid("class Worker:\n    def __init__(self):\n        self.sample_temp = 0.5\n"
+                "    def step(self, ids, behavior_logp):\n"
+                "        out = self.actor.generate(ids, temperature=self.sample_temp)\n"
+                "        logits = self.actor(ids)\n"
+                "        dist = torch.distributions.Categorical(logits=logits[:, :-1])\n"
+                "        logp = dist.log_prob(ids[:, 1:])\n", line=8, why="undivided Categorical"),
+        Invalid("def sample(model, ids, n):\n    for _ in range(n):\n"
+                "        probs = torch.softmax(model(ids)[:, -1] / 0.7, -1)\n"
+                "        ids = torch.cat([ids, torch.multinomial(probs, 1)], 1)\n    return ids\n"
+                "def loss(model, ids, sampler_logp):\n"
+                "    logp = model(ids)[:, :-1].log_softmax(-1).gather(-1, ids[:, 1:, None]).squeeze(-1)\n",
+                line=7, why="sampling function divides by 0.7, trainer does not"),
+    ]
+
+    def check(self, ctx: ModuleContext) -> Iterator[Violation]:
+        samplers = _sampler_functions(ctx)
+        sampler_temps = list(_sampler_temperatures(ctx, samplers))
+        # a training rollout that hard-codes its temperature, bypassing the config
+        for call, value_expr, value in sampler_temps:
+            if value is None or value == 1.0 or value == 0.0:
+                continue
+            if not _hard_coded(ctx, value_expr):
+                continue
+            func = ctx.enclosing_function(call)
+            if func is None or not ROLLOUT_FUNCTION.fullmatch(func.name.value):
+                continue
+            configs = _config_objects(ctx, call)
+            if configs and not any(_reads_temperature(ctx, c) for c in configs):
+                yield Violation(value_expr, f"the rollout samples at a hard-coded temperature {value:g} while its "
+                                            f"other settings come from `{configs[0]}`, whose temperature the "
+                                            "trainer uses for its log-probs; pass the config's temperature "
+                                            "to the sampler")
+        known = [(c, e, v) for c, e, v in sampler_temps if v is not None]
+        if not known or not _old_logp_from_sampler(ctx):
+            return
+        for site, divisor in _trainer_sites(ctx, samplers):
+            if divisor is None:
+                bad = [(c, v) for c, _, v in known if v not in (1.0, 0.0)]
+                if bad:
+                    call, value = bad[0]
+                    yield Violation(site, f"the trainer's log-probs use logits not divided by the temperature, "
+                                          f"but the sampler (line {_line(ctx, call)}) samples at temperature "
+                                          f"{value:g} and its log-probs are the old log-probs; divide the "
+                                          f"logits by the sampler's temperature ({value:g})")
+                continue
+            train_value = _resolve(ctx, divisor)
+            if train_value is None:
+                continue
+            for call, _, value in known:
+                if value != train_value and value != 0.0:
+                    yield Violation(divisor, f"the trainer divides the logits by temperature {train_value:g} but "
+                                             f"the sampler (line {_line(ctx, call)}) samples at {value:g} and "
+                                             "its log-probs are the old log-probs; use one temperature for both")
+                    break
+
+
+def _line(ctx: ModuleContext, node: cst.CSTNode) -> str:
+    # positions are not computed for rules; count the newlines of the code before the node instead
+    code = ctx.module.code
+    snippet = ctx.module.code_for_node(node)
+    index = code.find(snippet)
+    return str(code.count("\n", 0, index) + 1) if index >= 0 else "?"
+
+
+def _callee_name(call: cst.Call) -> str | None:
+    func = call.func
+    if isinstance(func, cst.Attribute):
+        return func.attr.value
+    return func.value if isinstance(func, cst.Name) else None
+
+
+def _sampler_functions(ctx: ModuleContext) -> set[int]:
+    found = set()
+    for call in ctx.nodes(cst.Call):
+        name = qualified(ctx, call) or ""
+        callee = _callee_name(call) or ""
+        if name in SAMPLING_OPS or callee == "multinomial":
+            func = ctx.enclosing_function(call)
+            if func is not None:
+                found.add(id(func))
+    return found
+
+
+def _is_eval(ctx: ModuleContext, call: cst.Call) -> bool:
+    func = ctx.enclosing_function(call)
+    if func is not None and EVAL_NAME.fullmatch(func.name.value):
+        return True
+    callee = _callee_name(call) or ""
+    if EVAL_NAME.fullmatch(callee):
+        return True
+    for kw, bad in (("do_sample", "False"), ("greedy", "True")):
+        value = argument(call, None, kw)
+        if isinstance(value, cst.Name) and value.value == bad:
+            return True
+    return False
+
+
+def _sampler_temperatures(ctx: ModuleContext, samplers: set[int]):
+    """(call or division, temperature expression, value or None) for each sampler temperature in view."""
+    for call in ctx.nodes(cst.Call):
+        callee = _callee_name(call)
+        if callee is None:
+            continue
+        defs = ctx.functions.get(callee, []) if isinstance(call.func, cst.Name) else []
+        in_module_sampler = len(defs) == 1 and id(defs[0]) in samplers
+        if not (SAMPLER_CALL.fullmatch(callee) or in_module_sampler) or _is_eval(ctx, call):
+            continue
+        expr = None
+        for kw in TEMPERATURE_KEYWORDS:
+            expr = expr or argument(call, None, kw)
+        if expr is None and in_module_sampler:
+            params = [p.name.value for p in defs[0].params.params]
+            for pos, p in enumerate(params):
+                if p in TEMPERATURE_KEYWORDS:
+                    expr = argument(call, pos, None)
+        if expr is not None:
+            yield call, expr, _resolve(ctx, expr)
+    for op in ctx.nodes(cst.BinaryOperation):
+        if not isinstance(op.operator, cst.Divide):
+            continue
+        func = ctx.enclosing_function(op)
+        if func is None or id(func) not in samplers or EVAL_NAME.fullmatch(func.name.value):
+            continue
+        value = _resolve(ctx, op.right)
+        if value is not None and _is_logits(ctx, op.left):
+            yield op, op.right, value
+
+
+def _is_logits(ctx: ModuleContext, expr: cst.BaseExpression, depth: int = 6) -> bool:
+    while depth > 0:
+        depth -= 1
+        if isinstance(expr, cst.Subscript):
+            expr = expr.value
+        elif isinstance(expr, cst.Call):
+            if is_model_call(ctx, expr):
+                return True
+            return False
+        elif isinstance(expr, (cst.Name, cst.Attribute)):
+            name = dotted_name(expr) or ""
+            if ctx.names.is_role(name.rsplit(".", 1)[-1], "logits"):
+                return True
+            if isinstance(expr, cst.Attribute) and not name.startswith("self."):
+                expr = expr.value
+                continue
+            assigns = _reaching(ctx, name, expr) if name else []
+            if len(assigns) != 1 or assigns[0].value is None:
+                return False
+            expr = assigns[0].value
+        else:
+            return False
+    return False
+
+
+def _resolve(ctx: ModuleContext, expr: cst.BaseExpression, depth: int = 6) -> float | None:
+    """The numeric value of a temperature: a literal, or a name bound to one (in the function, the module,
+    a ``self.`` attribute, or a class-level default of a config class)."""
+    if depth < 0 or expr is None:
+        return None
+    if isinstance(expr, (cst.Float, cst.Integer)):
+        return float(expr.evaluated_value)
+    if isinstance(expr, cst.UnaryOperation) and isinstance(expr.operator, cst.Minus):
+        inner = _resolve(ctx, expr.expression, depth - 1)
+        return None if inner is None else -inner
+    key = dotted_name(expr)
+    if key is None:
+        return None
+    if isinstance(expr, cst.Name) or key.startswith("self.") and key.count(".") == 1:
+        assigns = [a for a in ctx.assignments_to(key, expr) if a.op is None]
+        values = {_resolve(ctx, a.value, depth - 1) if a.value is not None and a.unpacked is None else None
+                  for a in assigns}
+        if len(values) == 1:
+            return values.pop()
+        if not assigns and key.startswith("self."):
+            return _class_default(ctx, key.split(".")[1])
+        return None
+    if isinstance(expr, cst.Attribute) and CONFIG_OBJECT.fullmatch(dotted_name(expr.value) or ""):
+        return _class_default(ctx, expr.attr.value)
+    return None
+
+
+def _class_default(ctx: ModuleContext, attr: str) -> float | None:
+    values = set()
+    for cls in ctx.nodes(cst.ClassDef):
+        for stmt in cls.body.body:
+            for small in getattr(stmt, "body", []):
+                if isinstance(small, cst.AnnAssign) and isinstance(small.target, cst.Name) \
+                        and small.target.value == attr and small.value is not None:
+                    values.add(_resolve(ctx, small.value, 0))
+                elif isinstance(small, cst.Assign) and len(small.targets) == 1 and isinstance(
+                        small.targets[0].target, cst.Name) and small.targets[0].target.value == attr:
+                    values.add(_resolve(ctx, small.value, 0))
+    for call in ctx.nodes(cst.Call):  # Config(temperature=0.7) overrides a default
+        value = argument(call, None, attr)
+        if value is not None and isinstance(call.func, cst.Name) and call.func.value in {
+                c.name.value for c in ctx.nodes(cst.ClassDef)}:
+            values.add(_resolve(ctx, value, 0))
+    return values.pop() if len(values) == 1 else None
+
+
+def _hard_coded(ctx: ModuleContext, expr: cst.BaseExpression) -> bool:
+    if isinstance(expr, (cst.Float, cst.Integer)):
+        return True
+    if isinstance(expr, cst.Name):
+        assigns = ctx.assignments_to(expr.value, expr)
+        return bool(assigns) and all(ctx.enclosing_function(a.statement) is None for a in assigns)
+    return False
+
+
+def _config_objects(ctx: ModuleContext, call: cst.Call) -> list[str]:
+    found = []
+    for arg in call.args:
+        value = arg.value
+        if isinstance(value, cst.Attribute):
+            base = dotted_name(value.value)
+            if base and CONFIG_OBJECT.fullmatch(base) and base not in found:
+                found.append(base)
+    return found
+
+
+def _reads_temperature(ctx: ModuleContext, config: str) -> bool:
+    for attr in ctx.nodes(cst.Attribute):
+        if attr.attr.value in TEMPERATURE_KEYWORDS or "temp" in attr.attr.value.lower():
+            if dotted_name(attr.value) == config:
+                return True
+    return False
+
+
+def _old_logp_from_sampler(ctx: ModuleContext) -> bool:
+    """An old-logp value is read in this module and never recomputed from the model here."""
+    seen = False
+    for node in ctx.nodes(cst.Name):
+        if ctx.names.is_role(node.value, "old_logp"):
+            seen = True
+            break
+    if not seen:
+        for s in ctx.nodes(cst.SimpleString):
+            value = s.evaluated_value
+            if isinstance(value, str) and value.isidentifier() and ctx.names.is_role(value, "old_logp"):
+                seen = True
+                break
+    if not seen:
+        return False
+    for stmt in ctx.nodes(cst.Assign):
+        for target in stmt.targets:
+            name = dotted_name(target.target)
+            if isinstance(target.target, cst.Subscript):
+                from rlguard.lint.context import value_name
+                name = value_name(target.target)
+            if name and ctx.names.is_role(name.rsplit(".", 1)[-1], "old_logp") and RECOMPUTE.search(
+                    ctx.module.code_for_node(stmt.value)):
+                return False
+    return True
+
+
+def _trainer_sites(ctx: ModuleContext, samplers: set[int]):
+    """(site, divisor or None) for each log-prob computation of the trainer whose logits come from a model."""
+    for call in ctx.nodes(cst.Call):
+        func = ctx.enclosing_function(call)
+        if func is not None and (id(func) in samplers or EVAL_NAME.fullmatch(func.name.value)):
+            continue
+        if ctx.is_grad_disabled(call):
+            continue
+        site = gather_site(ctx, call)
+        logits = site.logits if site is not None else None
+        if logits is None:
+            callee = _callee_name(call) or ""
+            if LOGP_CALL.fullmatch(callee) and call.args and not isinstance(call.func, cst.Name) \
+                    or (isinstance(call.func, cst.Name) and LOGP_CALL.fullmatch(callee)
+                        and len(ctx.functions.get(callee, [])) != 1):
+                logits = call.args[0].value if call.args else None
+        if logits is None:
+            continue
+        reached, divisor = _divisor(ctx, logits, call)
+        if reached:
+            yield call, divisor
+
+
+def _divisor(ctx: ModuleContext, expr: cst.BaseExpression, site: cst.CSTNode, depth: int = 10):
+    """Follow logits back to the model call: (reached a model call?, the temperature it was divided by)."""
+    divisor = None
+    while depth > 0 and expr is not None:
+        depth -= 1
+        if isinstance(expr, cst.BinaryOperation) and isinstance(expr.operator, cst.Divide):
+            divisor = divisor or expr.right
+            expr = expr.left
+        elif isinstance(expr, cst.Subscript):
+            expr = expr.value
+        elif isinstance(expr, cst.Call):
+            if is_model_call(ctx, expr):
+                return True, divisor
+            func = expr.func
+            if isinstance(func, cst.Attribute) and not is_module_function(ctx, expr):
+                if func.attr.value in ("div", "div_") and expr.args:
+                    divisor = divisor or expr.args[0].value
+                elif func.attr.value not in ("log_softmax", "float", "to", "contiguous", "softmax", "detach",
+                                             "squeeze", "clone"):
+                    return False, None
+                expr = func.value
+            elif qualified(ctx, expr) in ("torch.log_softmax", "torch.nn.functional.log_softmax") and expr.args:
+                expr = expr.args[0].value
+            else:
+                return False, None
+        elif isinstance(expr, (cst.Name, cst.Attribute)):
+            name = dotted_name(expr)
+            if isinstance(expr, cst.Attribute) and (name is None or not name.startswith("self.")):
+                expr = expr.value
+                continue
+            assigns = ctx.assignments_to(name, expr) if name else []
+            for a in assigns:  # logits /= t or logits.div_(t) before the site
+                if a.op is not None and isinstance(a.op, cst.DivideAssign) and a.value is None:
+                    stmt = a.statement
+                    if isinstance(stmt, cst.AugAssign):
+                        divisor = divisor or stmt.value
+            for call in ctx.nodes(cst.Call):
+                f = call.func
+                if isinstance(f, cst.Attribute) and f.attr.value == "div_" and dotted_name(f.value) == name \
+                        and call.args and ctx.scope_of(call) is ctx.scope_of(expr):
+                    divisor = divisor or call.args[0].value
+            plain = [a for a in _reaching(ctx, name, expr)] if name else []
+            if len(plain) != 1 or plain[0].value is None:
+                return False, None
+            expr = plain[0].value
+        else:
+            return False, None
+    return False, None
