@@ -6,13 +6,18 @@ merely looks RL-ish: with every rule on, none of them may produce a finding.
 
 ``tests/lint_corpus/buggy/`` holds small files with one or two seeded catalog bugs each. A bug is annotated with
 ``# expect: RLG00N`` (several codes: ``# expect: RLG002, RLG003``) at the end of the line where the finding must
-be reported: the line of the offending expression or statement. Conventions for the codes whose bug spans
-several lines: RLG001 on the line that builds or applies the misaligned mask; RLG002/RLG003 on the assignment
-of the old/reference log-probs; RLG005 on the line whose expression has the wrong sign or the wrong min/max;
-RLG006 on the line that divides a micro-batch token mean by the number of micro-batches; RLG007 on the
-trainer's log-prob line whose temperature differs from the sampler's (the division of the logits by the
-temperature, or the log-softmax of logits left undivided); RLG008 on the line that makes the alias (or hands the reference's
-parameters to the optimizer); RLG013 on the ``optimizer.step()`` with no ``zero_grad`` before it.
+be reported: the line of the offending expression or statement. Conventions for bugs that span several lines:
+
+- RLG001: the line whose expression misaligns the mask (the slice, pad, roll or window that builds it); for a
+  [B, T] mask used as is with [B, T-1] values, the line that combines them;
+- RLG002/RLG003: the assignment of the old/reference log-probs;
+- RLG005: the line whose expression has the wrong sign or the wrong min/max;
+- RLG006: the line that divides a micro-batch token mean by the number of micro-batches;
+- RLG007: the trainer's log-prob line whose temperature differs from the sampler's (the division of the logits
+  by the temperature, or the log-softmax of logits left undivided);
+- RLG008: the line that makes the alias (or hands the reference's parameters to the optimizer);
+- RLG013: the ``optimizer.step()`` with no ``zero_grad`` before it.
+
 The findings of a buggy file, as (line, code) pairs, must equal its annotations exactly.
 
 The corpus files are never imported or executed (they import libraries the tests do not install).

@@ -8,10 +8,13 @@ import torch
 import torch.nn.functional as F
 from vllm import LLM, SamplingParams
 
+from .data import pad_samples  # -> input_ids, attention_mask, completion_mask, sampling_logps (right-padded)
+
 
 class VLLMGRPOTrainer:
-    def __init__(self, model, model_name, optimizer, group_size=8, beta=0.04, clip_eps=0.2):
+    def __init__(self, model, model_name, optimizer, pad_token_id, group_size=8, beta=0.04, clip_eps=0.2):
         self.model = model
+        self.pad_token_id = pad_token_id
         self.ref_model = copy.copy(model)  # expect: RLG008
         self.ref_model.eval()
         self.optimizer = optimizer
@@ -28,14 +31,22 @@ class VLLMGRPOTrainer:
         logps = torch.gather(F.log_softmax(logits, dim=-1), 2, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
         return logps[:, -n_completion:]
 
-    def rollout(self, prompts):
-        outputs = self.llm.generate(prompts, self.sampling_params)
-        sampling_logps = [[lp[t].logprob for lp, t in zip(s.logprobs, s.token_ids)] for o in outputs for s in o.outputs]
-        return outputs, sampling_logps
+    @torch.no_grad()
+    def sync_weights(self):
+        self.llm.llm_engine.model_executor.driver_worker.model_runner.model.load_weights(self.model.state_dict().items())
 
-    def step(self, input_ids, attention_mask, completion_mask, old_logps, rewards):
+    def rollout(self, prompts):
+        self.sync_weights()
+        outputs = self.llm.generate(prompts, self.sampling_params)
+        samples = [(o.prompt_token_ids, s.token_ids, [lp[t].logprob for lp, t in zip(s.logprobs, s.token_ids)])
+                   for o in outputs for s in o.outputs]
+        return pad_samples(samples, self.pad_token_id)
+
+    def step(self, prompts, reward_fn):
+        input_ids, attention_mask, completion_mask, sampling_logps = self.rollout(prompts)
+        old_logps = sampling_logps
         n_completion = completion_mask.size(1)
-        grouped = rewards.view(-1, self.group_size)
+        grouped = reward_fn(input_ids, completion_mask).view(-1, self.group_size)
         advantages = ((grouped - grouped.mean(1, keepdim=True)) / (grouped.std(1, keepdim=True) + 1e-4)).view(-1, 1)
         with torch.no_grad():
             ref_logps = self.completion_logps(self.ref_model, input_ids, attention_mask, n_completion)
