@@ -1,0 +1,459 @@
+"""Symptom rules over a training history (a list of metric rows, one per step).
+
+Each rule reads the whole history (levels, trends between the first and the last window of steps, comparisons
+between metrics) and returns a ``Symptom`` or None. A rule needs some metric names (``Rule.requires``); when one
+is missing from the log, that rule alone is disabled. Every threshold is a named field of ``Thresholds`` whose
+default comes from the healthy ranges of the debugging chapter's dashboard (seed 000) and the catalog.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+from rlguard.diagnose.metrics import finite, is_number, keys_of
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """Named thresholds of the symptom rules. Healthy references are the chapter's healthy run."""
+
+    # Trend rules compare the mean of the first `window` steps with the mean of the last `window` steps
+    # (the chapter's own reading: "first 4 steps -> last 4 steps"), and wait for `min_trend_steps` steps.
+    window: int = 4
+    min_trend_steps: int = 8
+
+    # logp_gap: sampler and trainer log-probs of the same tokens agree to < 1e-4 in fp32 (healthy: ~1e-8).
+    logp_gap_max: float = 1e-4
+    # A mean gap above this many nats means the two sides score different tokens (a shift: RLG001/RLG012),
+    # not one distribution at another temperature or precision (RLG007, typically 1e-3 .. 0.2).
+    logp_gap_misaligned: float = 0.5
+    logp_gap_min_steps: int = 2  # steps above logp_gap_max before the rule fires (all steps if fewer logged)
+
+    # ratio_max == 1 and clip_frac == 0 at every step: the ratio never left 1 (healthy ratio_max 1.03 .. 1.3).
+    ratio_one_tol: float = 1e-6
+    ratio_one_min_steps: int = 3
+
+    # Entropy collapse: the last window's entropy at most this fraction of the first window's (healthy run:
+    # 0.53 -> 0.2, a fraction of 0.37; entropy penalty: 0.45 -> 0.03) ...
+    entropy_collapse_frac: float = 0.25
+    # ... while the groups lose their signal: last-window zero_adv_frac at least this (healthy: 0.3 .. 0.4) ...
+    zero_adv_high: float = 0.75
+    # ... and the reward has not risen by reward_rise (zero_adv_frac -> 1 because every episode passes is success).
+    reward_rise: float = 0.2
+
+    # Reward hacking: reward rises by >= reward_rise while the held-out pass rate falls by >= eval_drop.
+    eval_drop: float = 0.1
+    hack_keys: tuple[str, ...] = ("hardcode",)  # extras that count reward-hacking behaviour (evidence)
+
+    # Learning rate too high: approx_kl within the first `early_steps` steps above this (healthy step 0:
+    # 3.2e-3, later 1e-4 .. 1e-3; lr 1e-2: 0.31, 0.064) ...
+    approx_kl_high: float = 0.03
+    early_steps: int = 3
+    # ... with malformed output rising (when logged): last window >= malformed_rise_factor x step 0 and
+    # >= step 0 + malformed_rise_abs (healthy: 0.06 -> 0.07; lr 1e-2: -> 2.9).
+    malformed_rise_factor: float = 2.0
+    malformed_rise_abs: float = 0.1
+
+    # Length bias: failing episodes' length grows by >= length_fail_growth (first -> last window) and by at
+    # least length_growth_gap times the growth of passing episodes' length (length bias: 20.8 -> 33.9 while
+    # passing 14.3 -> 12.7; healthy 12 turns: 16.1 -> 12.8).
+    length_fail_growth: float = 1.3
+    length_growth_gap: float = 1.3
+
+    # Reward falls: the last window's mean reward at least reward_drop_abs below the first window's and at most
+    # (1 - reward_drop_rel) of it (advantages negated: 0.125 -> 0.027; healthy: rises).
+    reward_drop_abs: float = 0.05
+    reward_drop_rel: float = 0.5
+
+    # kl_ref exactly 0 with a KL coefficient set (healthy KL 0.1: 0.014 -> 0.057).
+    kl_ref_zero_tol: float = 1e-10
+    kl_ref_min_steps: int = 2
+
+    # Dead update: grad_norm at most this at dead_min_steps steps (healthy: 0.15 .. 0.3).
+    grad_zero_tol: float = 1e-12
+    dead_min_steps: int = 2
+
+    def replace(self, **changes: Any) -> "Thresholds":
+        known = {f.name: f for f in fields(self)}
+        for name in changes:
+            if name not in known:
+                raise KeyError(f"unknown threshold {name!r}; known: {', '.join(known)}")
+        return Thresholds(**{**asdict(self), **changes})
+
+    @staticmethod
+    def parse(assignments: Sequence[str], base: "Thresholds | None" = None) -> "Thresholds":
+        """``["logp_gap_max=1e-3", "window=6"]`` -> Thresholds, converting each value to the field's type."""
+        base = base or Thresholds()
+        types = {f.name: type(getattr(base, f.name)) for f in fields(base)}
+        changes: dict[str, Any] = {}
+        for text in assignments:
+            name, sep, value = text.partition("=")
+            name = name.strip()
+            if not sep or name not in types:
+                raise KeyError(f"bad threshold {text!r}: expected NAME=VALUE with NAME one of {', '.join(types)}")
+            kind = types[name]
+            if kind is tuple:
+                changes[name] = tuple(v.strip() for v in value.split(",") if v.strip())
+            else:
+                try:
+                    changes[name] = kind(float(value)) if kind is int else kind(value)
+                except ValueError:
+                    raise ValueError(f"bad threshold {text!r}: {value!r} is not a {kind.__name__}") from None
+        return base.replace(**changes)
+
+
+@dataclass
+class Symptom:
+    rule: str
+    codes: list[str]
+    steps: list[int]
+    evidence: dict[str, Any]
+    advice: str
+    cause: str = ""  # the likely cause in words (the catalog's name, or e.g. "reward hacking" where no code)
+    metrics: tuple[str, ...] = ()  # the metric curves that show it (the plot marks these)
+
+    def to_json(self) -> dict:
+        return {"rule": self.rule, "codes": list(self.codes), "steps": list(self.steps),
+                "evidence": dict(self.evidence), "advice": self.advice, "cause": self.cause,
+                "metrics": list(self.metrics)}
+
+
+# --- history helpers -------------------------------------------------------------------------------------------
+
+Points = list[tuple[int, float]]
+
+
+def series(history: Sequence[Mapping[str, Any]], key: str) -> Points:
+    """(step, value) of each row that logged ``key`` with a finite number."""
+    return [(int(row.get("step", i)), float(row[key])) for i, row in enumerate(history)
+            if key in row and finite(row[key])]
+
+
+def _mean(values: Sequence[float]) -> float:
+    return sum(values) / len(values)
+
+
+def ends(points: Points, window: int) -> tuple[float, float, int]:
+    """(mean of the first w values, mean of the last w values, w) with w = min(window, len // 2)."""
+    w = max(1, min(window, len(points) // 2))
+    return _mean([v for _, v in points[:w]]), _mean([v for _, v in points[-w:]]), w
+
+
+def _g(x: float) -> float:
+    """A number rounded to 4 significant digits for the evidence."""
+    return float(f"{x:.4g}") if math.isfinite(x) else x
+
+
+@dataclass(frozen=True)
+class Context:
+    """What the rules know about the run beyond its metrics."""
+
+    kl_coef: float | None = None
+
+
+@dataclass(frozen=True)
+class Rule:
+    name: str
+    title: str  # one line: the symptom
+    requires: tuple[str, ...]  # metric names the rule cannot run without
+    metrics: tuple[str, ...]  # every metric it reads: the required ones and the optional evidence
+    check: Callable[[Sequence[Mapping[str, Any]], Thresholds, Context], Symptom | None]
+
+
+RULES: list[Rule] = []
+
+
+def rule(name: str, title: str, requires: tuple[str, ...], metrics: tuple[str, ...] | None = None):
+    def register(fn):
+        RULES.append(Rule(name, title, requires, metrics or requires, fn))
+        return fn
+    return register
+
+
+def _enough(points: Points, th: Thresholds) -> bool:
+    return len(points) >= th.min_trend_steps
+
+
+# --- the rules, most specific first (the first symptom of a report is the likeliest root cause) ------------------
+
+@rule("logp_gap", "trainer and sampler log-probs of the same tokens disagree", ("logp_gap",))
+def logp_gap_rule(history, th: Thresholds, ctx: Context) -> Symptom | None:
+    pts = series(history, "logp_gap")
+    if not pts:
+        return None
+    high = [(s, v) for s, v in pts if v > th.logp_gap_max]
+    if len(high) < min(th.logp_gap_min_steps, len(pts)):
+        return None
+    median = sorted(v for _, v in high)[len(high) // 2]
+    misaligned = median > th.logp_gap_misaligned
+    if misaligned:
+        codes = ["RLG001", "RLG012", "RLG007"]
+        cause = "a shift: the trained tokens' log-probs are not the sampled tokens' (mask or logits/labels)"
+        advice = ("The gap is nats per token, so the trainer scores other tokens than the sampler did. Check that "
+                  "the action mask is aligned to ids[:, 1:] (RLG001) and that logits[:, :-1] are gathered against "
+                  "ids[:, 1:] (RLG012); run `rlguard check` for the mask-ownership invariant.")
+    else:
+        codes = ["RLG007", "RLG012", "RLG001"]
+        cause = "sampler-trainer mismatch: old log-probs come from another distribution (temperature, precision)"
+        advice = ("The sampler's distribution differs from the trainer's: compare the sampling temperature, top-p/"
+                  "top-k and precision with the trainer's, and check logits are divided by the same temperature "
+                  "(RLG007). The ratio is then not 1 before the first step.")
+    return Symptom("logp_gap", codes, [s for s, _ in high],
+                   {"logp_gap_median": _g(median), "logp_gap_max_seen": _g(max(v for _, v in high)),
+                    "steps_above": len(high), "steps_logged": len(pts), "threshold": th.logp_gap_max,
+                    "misaligned_above": th.logp_gap_misaligned},
+                   advice, cause, ("logp_gap", "ratio_max"))
+
+
+@rule("ratio_stuck_at_one", "the PPO ratio never leaves 1 and nothing is clipped", ("ratio_max", "clip_frac"),
+      ("ratio_max", "clip_frac", "ratio_min", "grad_norm"))
+def ratio_stuck_rule(history, th: Thresholds, ctx: Context) -> Symptom | None:
+    rmax, clip = series(history, "ratio_max"), series(history, "clip_frac")
+    rmin = series(history, "ratio_min")
+    if len(rmax) < th.ratio_one_min_steps or len(clip) < th.ratio_one_min_steps:
+        return None
+    if any(abs(v - 1.0) > th.ratio_one_tol for _, v in rmax) or any(v != 0 for _, v in clip):
+        return None
+    if rmin and any(abs(v - 1.0) > th.ratio_one_tol for _, v in rmin):
+        return None
+    grad = series(history, "grad_norm")
+    evidence = {"ratio_max_range": [_g(min(v for _, v in rmax)), _g(max(v for _, v in rmax))],
+                "clip_frac_max": _g(max(v for _, v in clip)), "steps": len(rmax), "tolerance": th.ratio_one_tol}
+    if grad:
+        evidence["grad_norm_median"] = _g(sorted(v for _, v in grad)[len(grad) // 2])
+    return Symptom("ratio_stuck_at_one", ["RLG002"], [s for s, _ in rmax], evidence,
+                   "Old log-probs are recomputed from the current weights inside the update loop, so every "
+                   "minibatch sees ratio 1 and clipping never acts (RLG002): compute old_logp once per batch under "
+                   "torch.no_grad() before the epoch loop. (A trainer that takes exactly one optimizer step per "
+                   "batch has ratio 1 by construction; then disable this rule.)",
+                   "old log-probs recomputed every minibatch", ("ratio_max", "clip_frac"))
+
+
+@rule("kl_ref_zero", "KL to the reference is exactly 0 although a KL coefficient is set", ("kl_ref",),
+      ("kl_ref", "kl_coef"))
+def kl_ref_zero_rule(history, th: Thresholds, ctx: Context) -> Symptom | None:
+    kl = series(history, "kl_ref")
+    coef = ctx.kl_coef
+    assumed = False
+    if coef is None:
+        logged = series(history, "kl_coef")
+        if logged:
+            coef = max(v for _, v in logged)
+        else:
+            coef, assumed = None, True  # the chapter logs kl_ref only when a KL term is set
+    if (coef is not None and coef <= 0) or len(kl) < th.kl_ref_min_steps:
+        return None
+    if any(abs(v) > th.kl_ref_zero_tol for _, v in kl):
+        return None
+    evidence = {"kl_ref_max_abs": _g(max(abs(v) for _, v in kl)), "steps": len(kl),
+                "kl_coef": coef if coef is not None else "not logged; assumed set because kl_ref is logged"}
+    return Symptom("kl_ref_zero", ["RLG008"], [s for s, _ in kl], evidence,
+                   "The KL reference is the live policy (ref = model, a shallow copy, shared storage, or the "
+                   "reference in the optimizer), so the KL term is 0 and does nothing (RLG008): build it with "
+                   "copy.deepcopy(model).eval() and requires_grad_(False).",
+                   "the KL reference is the live policy", ("kl_ref",))
+
+
+@rule("non_finite", "a metric is NaN or infinite", ())
+def non_finite_rule(history, th: Thresholds, ctx: Context) -> Symptom | None:
+    bad: dict[str, list[int]] = {}
+    for i, row in enumerate(history):
+        for key, value in row.items():
+            if is_number(value) and not math.isfinite(value):
+                bad.setdefault(key, []).append(int(row.get("step", i)))
+    if not bad:
+        return None
+    steps = sorted({s for v in bad.values() for s in v})
+    return Symptom("non_finite", [], steps, {"first_step": steps[0], "metrics": {k: len(v) for k, v in bad.items()}},
+                   "Look at the first non-finite step: a token mean over an all-zero mask (0/0), log of a zero "
+                   "probability, an exploding ratio (learning rate too high), or fp16 overflow.",
+                   "numerical blow-up", tuple(bad))
+
+
+@rule("approx_kl_early", "approx_kl in the first steps one to two orders of magnitude above its healthy range",
+      ("approx_kl",), ("approx_kl", "malformed", "entropy", "logp_gap"))
+def approx_kl_early_rule(history, th: Thresholds, ctx: Context) -> Symptom | None:
+    kl = series(history, "approx_kl")
+    early = kl[:th.early_steps]
+    high = [(s, v) for s, v in early if v > th.approx_kl_high]
+    if not high:
+        return None
+    gap = dict(series(history, "logp_gap"))
+    if any(gap.get(s, 0.0) > th.logp_gap_max for s, _ in high):
+        return None  # approx_kl then measures the sampler/trainer gap, not the step size (see logp_gap)
+    evidence: dict[str, Any] = {"approx_kl_early": [_g(v) for _, v in early], "threshold": th.approx_kl_high}
+    bad = series(history, "malformed")
+    if bad:
+        start = bad[0][1]
+        _, last, _ = ends(bad, th.window)
+        evidence["malformed"] = [_g(start), _g(last)]
+        if not (last >= th.malformed_rise_factor * start and last >= start + th.malformed_rise_abs):
+            return None
+    ent = series(history, "entropy")
+    if len(ent) >= 2:
+        first, last, _ = ends(ent, th.window)
+        evidence["entropy"] = [_g(first), _g(last)]
+    return Symptom("approx_kl_early", [], [s for s, _ in high], evidence,
+                   "The first updates move the policy far more than a healthy step (approx_kl ~1e-3): lower the "
+                   "learning rate (by 3-10x), add warm-up, or lower max_grad_norm; malformed output rising means the "
+                   "policy has forgotten the format.", "learning rate too high", ("approx_kl", "malformed", "entropy"))
+
+
+@rule("entropy_collapse", "entropy collapses while groups lose their signal (zero_adv_frac -> 1)",
+      ("entropy", "zero_adv_frac"), ("entropy", "zero_adv_frac", "reward"))
+def entropy_collapse_rule(history, th: Thresholds, ctx: Context) -> Symptom | None:
+    ent, zero = series(history, "entropy"), series(history, "zero_adv_frac")
+    if not (_enough(ent, th) and _enough(zero, th)):
+        return None
+    e0, e1, _ = ends(ent, th.window)
+    _, z1, _ = ends(zero, th.window)
+    if e0 <= 0 or e1 > th.entropy_collapse_frac * e0 or z1 < th.zero_adv_high:
+        return None
+    evidence: dict[str, Any] = {"entropy": [_g(e0), _g(e1)], "entropy_frac": _g(e1 / e0),
+                                "zero_adv_frac_last": _g(z1), "entropy_collapse_frac": th.entropy_collapse_frac,
+                                "zero_adv_high": th.zero_adv_high}
+    rew = series(history, "reward")
+    if len(rew) >= 2:
+        r0, r1, _ = ends(rew, th.window)
+        evidence["reward"] = [_g(r0), _g(r1)]
+        if r1 - r0 >= th.reward_rise:
+            return None  # the groups agree because the policy solves the task: convergence, not collapse
+    steps = [s for s, v in ent if v <= th.entropy_collapse_frac * e0]
+    return Symptom("entropy_collapse", ["RLG004"], steps, evidence,
+                   "The policy turns deterministic without getting better, so every group's samples agree and the "
+                   "advantages vanish. Check the entropy term's sign: an entropy bonus must be subtracted from a "
+                   "minimised loss (RLG004); also check the sampling temperature.",
+                   "policy collapse: an entropy penalty (bonus with the wrong sign), or sampling colder than training",
+                   ("entropy", "zero_adv_frac", "reward"))
+
+
+@rule("reward_hacking", "reward rises while the held-out pass rate falls", ("reward", "eval_pass"),
+      ("reward", "eval_pass", "hardcode"))
+def reward_hacking_rule(history, th: Thresholds, ctx: Context) -> Symptom | None:
+    rew, ev = series(history, "reward"), series(history, "eval_pass")
+    if not _enough(rew, th) or len(ev) < 2:
+        return None
+    r0, r1, _ = ends(rew, th.window)
+    e0, e1 = ev[0][1], ev[-1][1]
+    if r1 - r0 < th.reward_rise or e0 - e1 < th.eval_drop:
+        return None
+    evidence: dict[str, Any] = {"reward": [_g(r0), _g(r1)], "eval_pass": [_g(e0), _g(e1)],
+                                "reward_rise": th.reward_rise, "eval_drop": th.eval_drop}
+    rising = []
+    for key in th.hack_keys:
+        pts = series(history, key)
+        if len(pts) >= 2:
+            h0, h1, _ = ends(pts, th.window)
+            evidence[key] = [_g(h0), _g(h1)]
+            if h1 > h0:
+                rising.append(key)
+    advice = ("The reward pays for something other than the task: compare what it checks with the held-out "
+              "success criterion (public vs hidden tests), and read a few high-reward episodes.")
+    if rising:
+        advice += f" {', '.join(rising)} rose with the reward: the policy takes that shortcut."
+    steps = [s for s, v in ev[1:] if v <= e0 - th.eval_drop]
+    return Symptom("reward_hacking", [], steps, evidence, advice, "reward hacking",
+                   ("reward", "eval_pass", *[k for k in th.hack_keys if series(history, k)]))
+
+
+@rule("length_bias", "failing episodes grow much longer while passing ones do not", ("length_fail", "length_pass"),
+      ("length_fail", "length_pass"))
+def length_bias_rule(history, th: Thresholds, ctx: Context) -> Symptom | None:
+    fail = series(history, "length_fail")
+    # A passing episode has at least one policy token: 0 means no episode passed at that step.
+    passing = [(s, v) for s, v in series(history, "length_pass") if v > 0]
+    fail = [(s, v) for s, v in fail if v > 0]
+    if not (_enough(fail, th) and len(passing) >= 2 * th.window):
+        return None
+    f0, f1, _ = ends(fail, th.window)
+    p0, p1, _ = ends(passing, th.window)
+    fail_growth, pass_growth = f1 / f0, p1 / p0
+    if fail_growth < th.length_fail_growth or fail_growth < th.length_growth_gap * pass_growth:
+        return None
+    steps = [s for s, v in fail if v >= th.length_fail_growth * f0]
+    return Symptom("length_bias", ["RLG010", "RLG006"], steps,
+                   {"length_fail": [_g(f0), _g(f1)], "length_pass": [_g(p0), _g(p1)],
+                    "fail_growth": _g(fail_growth), "pass_growth": _g(pass_growth),
+                    "length_fail_growth": th.length_fail_growth, "length_growth_gap": th.length_growth_gap},
+                   "Tokens of long episodes weigh less in the loss, so failing episodes are punished less per token "
+                   "and grow. Check the loss aggregation: one token mean over the whole batch, not a mean of "
+                   "per-sequence token means (RLG010), and gradient accumulation that averages per-microbatch "
+                   "means (RLG006).", "length-biased loss aggregation", ("length_fail", "length_pass"))
+
+
+@rule("reward_falls", "reward falls from where it started", ("reward",), ("reward", "eval_pass"))
+def reward_falls_rule(history, th: Thresholds, ctx: Context) -> Symptom | None:
+    rew = series(history, "reward")
+    if not _enough(rew, th):
+        return None
+    r0, r1, _ = ends(rew, th.window)
+    if r0 - r1 < th.reward_drop_abs or r1 > (1 - th.reward_drop_rel) * r0:
+        return None
+    evidence: dict[str, Any] = {"reward": [_g(r0), _g(r1)], "reward_drop_abs": th.reward_drop_abs,
+                                "reward_drop_rel": th.reward_drop_rel}
+    ev = series(history, "eval_pass")
+    if len(ev) >= 2:
+        evidence["eval_pass"] = [_g(ev[0][1]), _g(ev[-1][1])]
+    steps = [s for s, v in rew if v <= (1 - th.reward_drop_rel) * r0]
+    return Symptom("reward_falls", ["RLG005", "RLG011"], steps, evidence,
+                   "The updates push the policy away from rewarded behaviour: check the sign of the advantages and "
+                   "of the surrogate (loss = -(ratio * A)), the PPO clip's min/max (RLG005) and the KL term's sign "
+                   "(RLG011); `rlguard check` tests that log pi rises where A > 0.",
+                   "the update has the wrong sign", ("reward", "eval_pass"))
+
+
+@rule("dead_update", "grad_norm is 0: the update changes nothing", ("grad_norm",), ("grad_norm", "zero_adv_frac"))
+def dead_update_rule(history, th: Thresholds, ctx: Context) -> Symptom | None:
+    grad = series(history, "grad_norm")
+    dead = [s for s, v in grad if abs(v) <= th.grad_zero_tol]
+    if len(dead) < min(th.dead_min_steps, len(grad)) or not dead:
+        return None
+    zero = dict(series(history, "zero_adv_frac"))
+    no_signal = [s for s in dead if zero.get(s) == 1.0]
+    evidence: dict[str, Any] = {"dead_steps": len(dead), "steps_logged": len(grad), "tolerance": th.grad_zero_tol}
+    if zero:
+        evidence["dead_steps_with_zero_adv_frac_1"] = len(no_signal)
+    if no_signal and len(no_signal) == len(dead):
+        advice = ("Every group's rewards are equal at these steps, so every advantage is 0 and there is no "
+                  "gradient: the policy collapsed or the task is out of reach (see the other symptoms).")
+    else:
+        advice = ("No gradient reaches the weights: check that the loss is not computed on detached tensors, "
+                  "that the action mask is not all zero, that the advantages are not all zero, and that the "
+                  "optimizer holds the trained parameters.")
+    return Symptom("dead_update", [], dead, evidence, advice, "dead update", ("grad_norm", "zero_adv_frac"))
+
+
+@dataclass
+class Report:
+    symptoms: list[Symptom]
+    looked_at: list[str]  # metric names found in the log
+    disabled: dict[str, list[str]] = field(default_factory=dict)  # rule -> the metric names it missed
+    steps: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return not self.symptoms
+
+    def to_json(self) -> list[dict]:
+        return [s.to_json() for s in self.symptoms]
+
+
+def diagnose(history: Sequence[Mapping[str, Any]], thresholds: Thresholds | None = None,
+             kl_coef: float | None = None, rules: Sequence[Rule] | None = None) -> Report:
+    """Run every rule whose metrics the history has -> Report (symptoms in rule order, likeliest cause first)."""
+    th = thresholds or Thresholds()
+    ctx = Context(kl_coef=kl_coef)
+    present = set(keys_of(history))
+    symptoms, disabled = [], {}
+    for r in RULES if rules is None else rules:
+        missing = [k for k in r.requires if k not in present]
+        if missing:
+            disabled[r.name] = missing
+            continue
+        found = r.check(history, th, ctx)
+        if found is not None:
+            symptoms.append(found)
+    return Report(symptoms, sorted(present - {"step"}), disabled, len(history))
