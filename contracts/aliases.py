@@ -13,6 +13,7 @@ from jaxtyping import AbstractDtype, Bool, Float, Int
 from torch import Tensor
 
 from rlguard.contracts.markers import Finite, NoGrad
+from rlguard.contracts.spec import ALIAS_KINDS
 
 
 class Mask(AbstractDtype):
@@ -32,6 +33,8 @@ Rewards = Float[Tensor, "B"]  # one reward per episode
 GroupRewards = Float[Tensor, "P G"]  # rewards of P prompts x G samples
 Values = Float[Tensor, "B T-1"]  # per-token value estimates (PPO critic)
 Loss = Float[Tensor, ""]  # a scalar
+
+ALIAS_KINDS.update({ActionMask: "mask", LogProbs: "logp"})
 
 # with markers: targets that must carry no gradient and no NaN
 OldLogProbs = Annotated[LogProbs, NoGrad(), Finite()]

@@ -217,16 +217,17 @@ class GroupCentred(Marker):
             p = xd.shape[0]
             i = int(means.abs().argmax())
             flat = xd.reshape(-1)
-            if abs(float(flat.mean())) <= self.tol:
+            other = [d for d in range(2, min(n, 257)) if n % d == 0 and d != g
+                     and float(flat.reshape(-1, d).mean(dim=1).abs().max()) <= self.tol]
+            if p > 1 and float(xd.mean(dim=0).abs().max()) <= self.tol:
+                hint = (f"centred along the wrong axis: the mean taken over dim 0 of [P, G] = [{p}, {g}] "
+                        "(across prompts) instead of dim 1 (within each group)?")
+            elif other:
+                hint = f"centred with group size {other[0]}, not G={g}?"
+            elif abs(float(flat.mean())) <= self.tol:
                 hint = "centred over the whole batch, not per group (a batch mean instead of the group mean)?"
-            elif p > 1 and float(flat.reshape(g, p).mean(dim=1).abs().max()) <= self.tol:
-                hint = (f"centred along the wrong axis: groups taken as view({g}, {p}) (strided) instead of "
-                        f"contiguous view({p}, {g})?")
             else:
-                other = [d for d in range(1, min(n, 257)) if n % d == 0 and d != g
-                         and float(flat.reshape(-1, d).mean(dim=1).abs().max()) <= self.tol]
-                hint = (f"centred with group size {other[-1]}, not G={g}?" if other
-                        else "no baseline subtracted per group (advantages = rewards?)")
+                hint = "no baseline subtracted per group (advantages = rewards?)"
         return self._fail(f"group {i} of {p} (G={g}) has mean {means[i].item():.4g}; every group's mean must be 0 "
                           f"(|mean| <= {self.tol:g})", x, call, hint + " see RLG009")
 

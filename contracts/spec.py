@@ -47,6 +47,9 @@ _ALL_TORCH_DTYPES = [v for v in vars(torch).values() if isinstance(v, torch.dtyp
 DOCS = "docs/rules/{code}.md"
 
 
+ALIAS_KINDS: dict[Any, str] = {}  # alias annotation -> "mask" / "logp" (filled by rlguard.contracts.aliases)
+
+
 def is_array_annotation(tp: Any) -> bool:
     return isinstance(tp, type) and issubclass(tp, AbstractArray) and tp is not AbstractArray
 
@@ -56,7 +59,7 @@ def argument_kind(argument: str) -> str | None:
     low = argument.lower()
     if "mask" in low:
         return "mask"
-    if any(k in low for k in ("logp", "logprob", "log_prob", "lp")):
+    if any(k in low for k in ("logp", "logprob", "log_prob")):
         return "logp"
     return None
 
@@ -147,7 +150,10 @@ class TensorSpec:
         self.dtypes = _torch_dtypes(annotation)
         self.dtype_label = _dtype_label(annotation, self.dtypes)
         self.optional = optional
-        self.kind = argument_kind(argument)
+        if argument.startswith("return"):
+            self.kind = ALIAS_KINDS.get(annotation) or argument_kind(function.rsplit(".", 1)[-1])
+        else:
+            self.kind = argument_kind(argument) or ALIAS_KINDS.get(annotation)
         dims = annotation.dims
         self.var_index = annotation.index_variadic
         self.ndim = len(dims) - (0 if self.var_index is None else 1)
