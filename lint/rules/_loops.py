@@ -398,7 +398,7 @@ def forward_calls(ctx: ModuleContext, expr: cst.BaseExpression, *, grad: bool, d
                     return
                 found.append(e)
                 return
-            helper = _helper(ctx, e)
+            helper = same_module_callee(ctx, e)
             if helper is not None:
                 if grad and function_runs_grad_off(ctx, helper):
                     return
@@ -407,22 +407,26 @@ def forward_calls(ctx: ModuleContext, expr: cst.BaseExpression, *, grad: bool, d
                     returns = [r for r in returns if not ctx.is_grad_disabled(r)]
                     if not returns or all(_detached_text(ctx, r.value) for r in returns):
                         return
+                before = len(found)
                 for ret in returns:
                     walk(ret.value, d - 1)
+                if len(found) > before:  # report the call site, not the forward inside the helper
+                    del found[before:]
+                    found.append(e)
                 walk_args(e, d)  # arguments flow into the helper's result
                 return
             if model_arguments(ctx, e) and name not in NON_FORWARD_METHODS:
                 found.append(e)  # compute_logp(policy, ids) from another module: a forward of the policy
                 return
             if isinstance(e.func, cst.Attribute):
-                walk(e.func.value, d - 1)
+                walk(e.func.value, d)
             walk_args(e, d)
         elif isinstance(e, (cst.Name, cst.Attribute)):
             key = dotted_name(e)
             if isinstance(e, cst.Attribute) and (key is None or not key.startswith("self.") or key.count(".") > 1):
                 if e.attr.value in ("shape", "dtype", "device", "grad", "data"):
                     return
-                walk(e.value, d - 1)
+                walk(e.value, d)
                 return
             if key is None:
                 return
@@ -431,31 +435,33 @@ def forward_calls(ctx: ModuleContext, expr: cst.BaseExpression, *, grad: bool, d
                     continue
                 walk(a.value, d - 1)
         elif isinstance(e, cst.Subscript):
-            walk(e.value, d - 1)
+            walk(e.value, d)
         elif isinstance(e, cst.BinaryOperation):
-            walk(e.left, d - 1)
-            walk(e.right, d - 1)
+            walk(e.left, d)
+            walk(e.right, d)
         elif isinstance(e, cst.UnaryOperation):
             if not isinstance(e.operator, cst.Not):
-                walk(e.expression, d - 1)
+                walk(e.expression, d)
         elif isinstance(e, cst.IfExp):
-            walk(e.body, d - 1)
-            walk(e.orelse, d - 1)
+            walk(e.body, d)
+            walk(e.orelse, d)
         elif isinstance(e, (cst.Tuple, cst.List)):
             for el in e.elements:
-                walk(el.value, d - 1)
+                walk(el.value, d)
 
     def walk_args(call: cst.Call, d: int) -> None:
         for arg in call.args:
             if arg.keyword is None or arg.keyword.value not in ("dim", "index", "mask", "attention_mask"):
-                walk(arg.value, d - 1)
+                walk(arg.value, d)
 
     walk(expr, depth)
     return found
 
 
-def _helper(ctx: ModuleContext, call: cst.Call) -> cst.FunctionDef | None:
-    """The single same-module function ``call`` calls (``helper(...)`` or ``self.helper(...)``)."""
+def same_module_callee(ctx: ModuleContext, call: cst.Call) -> cst.FunctionDef | None:
+    """The same-module function ``call`` runs: ``helper(...)`` or ``self.helper(...)`` when exactly one
+    function has that name, or the ``forward``/``__call__`` of an instance of a same-module class
+    (``self.loss_fn = PolicyLoss(); self.loss_fn(...)``)."""
     func = call.func
     if isinstance(func, cst.Name):
         name = func.value
@@ -464,7 +470,24 @@ def _helper(ctx: ModuleContext, call: cst.Call) -> cst.FunctionDef | None:
     else:
         return None
     defs = ctx.functions.get(name)
-    return defs[0] if defs and len(defs) == 1 else None
+    if defs:
+        return defs[0] if len(defs) == 1 else None
+    for origin in ctx.origins(func)[1:]:
+        if isinstance(origin, cst.Call) and isinstance(origin.func, cst.Name):
+            method = _class_method(ctx, origin.func.value, ("forward", "__call__"))
+            if method is not None:
+                return method
+    return None
+
+
+def _class_method(ctx: ModuleContext, class_name: str, methods: tuple[str, ...]) -> cst.FunctionDef | None:
+    classes = [c for c in ctx.nodes(cst.ClassDef) if c.name.value == class_name]
+    if len(classes) != 1:
+        return None
+    for stmt in classes[0].body.body:
+        if isinstance(stmt, cst.FunctionDef) and stmt.name.value in methods:
+            return stmt
+    return None
 
 
 def _is_ref_call(ctx: ModuleContext, call: cst.Call) -> bool:

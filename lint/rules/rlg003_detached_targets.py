@@ -4,12 +4,15 @@ from __future__ import annotations
 
 from typing import Iterator
 
+import re
+
 import libcst as cst
 
 from rlguard.lint.context import ModuleContext, dotted_name, value_name
 from rlguard.lint.rule import Invalid, Rule, Valid, Violation
-from rlguard.lint.rules._loops import forward_calls, is_grad_off
+from rlguard.lint.rules._loops import forward_calls, is_grad_off, is_model_forward, model_arguments
 
+LOGP_WORD = re.compile(r"(?i)log_?probs?|logps?|logprobs?")
 TARGET_ROLES = ("old_logp", "ref_logp", "advantages", "returns")
 # Short names that play these roles in RL code but mean other things elsewhere (``ret = fn(module)``).
 TOO_GENERIC = frozenset({"ret", "rets", "targets", "A", "r", "target"})
@@ -151,11 +154,18 @@ class DetachedTargets(Rule):
         elements = [el.value for el in target.elements] if unpacked else [target]
         for element in elements:
             role = _target_role(ctx, element)
-            if role is None:
+            logp_named = role is None and _logp_named(element)
+            if role is None and not logp_named:
                 continue
             if is_grad_off(ctx, stmt):
                 return
-            if not forward_calls(ctx, value, grad=True):
+            forwards = forward_calls(ctx, value, grad=True)
+            if logp_named:
+                # `base_action_log_probs = self.initial_model(...)`: log-probs of the reference model
+                if not forwards or not all(_of_reference(ctx, f) for f in forwards):
+                    continue
+                role = "ref_logp"
+            if not forwards:
                 return
             name = ctx.module.code_for_node(element)
             message = (f"{WHAT[role]} `{name}` are computed with autograd on, so gradient flows through a "
@@ -177,6 +187,21 @@ def _target_role(ctx: ModuleContext, target: cst.BaseExpression) -> str | None:
         if role in roles:
             return role
     return None
+
+
+def _logp_named(target: cst.BaseExpression) -> bool:
+    name = dotted_name(target)
+    return name is not None and LOGP_WORD.search(name.rsplit(".", 1)[-1]) is not None
+
+
+def _of_reference(ctx: ModuleContext, call: cst.Call) -> bool:
+    """A forward of the reference model, or a helper applied to it."""
+    if is_model_forward(ctx, call):
+        func = call.func
+        if ctx.has_role(func, "ref_model"):
+            return True
+        return isinstance(func, cst.Attribute) and ctx.has_role(func.value, "ref_model")
+    return any(ctx.has_role(arg, "ref_model") for arg in model_arguments(ctx, call))
 
 
 def _detached(value: cst.BaseExpression) -> cst.BaseExpression:

@@ -11,7 +11,7 @@ from rlguard.lint.context import (PASS_THROUGH_METHODS, ModuleContext, argument,
                                   receiver)
 from rlguard.lint.rule import Invalid, Rule, Valid, Violation
 from rlguard.lint.rules._loops import (Loop, header_words, is_accumulation_count, is_microbatch_loop,
-                                       loop_index)
+                                       loop_index, same_module_callee)
 
 MASKED_MEANS = frozenset({"masked_mean", "mean_masked", "masked_average", "masked_avg", "masked_token_mean",
                           "token_mean", "mean_tokens"})
@@ -115,7 +115,7 @@ class AccumulationScale(Rule):
                 "    (loss / n_micro).backward()\n"
                 "optimizer.step()\n", line=3),
         Invalid("loss = masked_mean(pg_losses, response_mask) / self.args.gradient_accumulation_steps\n"
-                "loss.backward()\n", line=2, why="HF-style per-call scaling"),
+                "loss.backward()\n", line=1, why="HF-style per-call scaling"),
         Invalid("for part in parts:\n"
                 "    m = part['loss_mask']\n"
                 "    loss = (per_token_loss(part) * m).sum() / m.sum()\n"
@@ -125,7 +125,7 @@ class AccumulationScale(Rule):
                 "    loss = -(ratio(mb) * adv(mb))[mb.action_mask.bool()].mean()\n"
                 "    loss /= grad_accum_steps\n"
                 "    loss.backward()\n"
-                "optimizer.step()\n", line=5, why="masked-select mean, augmented division"),
+                "optimizer.step()\n", line=4, why="masked-select mean, augmented division"),
         Invalid("for mb in minibatch.split(micro_size):\n"
                 "    loss = masked_mean(pg_losses(mb), mb.completion_mask)\n"
                 "    loss.backward()\n"
@@ -165,8 +165,9 @@ class AccumulationScale(Rule):
             mean = _token_mean(ctx, loss, loop, {}, DEPTH, set())
             if mean is None:
                 continue
-            if _divided_by_count(ctx, loss, DEPTH, set()):
-                yield Violation(call, "the loss is each microbatch's own token mean divided by the number of "
+            division = _divided_by_count(ctx, loss, DEPTH, set())
+            if division is not None:
+                yield Violation(division, "the loss is each microbatch's own token mean divided by the number of "
                                       "microbatches, so tokens of small microbatches weigh more; sum the "
                                       "per-token losses and divide by the whole minibatch's token count "
                                       "(`(loss_sum / total_tokens).backward()`)")
@@ -212,30 +213,33 @@ def _steps_every_iteration(ctx: ModuleContext, loop: Loop) -> bool:
     return False
 
 
-def _divided_by_count(ctx: ModuleContext, expr: cst.BaseExpression, depth: int, seen: set[int]) -> bool:
-    """Whether the loss is divided by the number of microbatches / accumulation steps on its way."""
+def _divided_by_count(ctx: ModuleContext, expr: cst.BaseExpression, depth: int,
+                      seen: set[int]) -> cst.CSTNode | None:
+    """The division of the loss by the number of microbatches / accumulation steps on its way, if any."""
     if depth < 0 or id(expr) in seen:
-        return False
+        return None
     seen.add(id(expr))
     if isinstance(expr, cst.BinaryOperation):
         if isinstance(expr.operator, cst.Divide) and is_accumulation_count(ctx, expr.right):
-            return True
+            return expr
         if isinstance(expr.operator, (cst.Divide, cst.Multiply)):
             return _divided_by_count(ctx, expr.left, depth - 1, seen)
-        return False
+        return None
     if isinstance(expr, cst.Call) and method_name(expr) in PASS_THROUGH_METHODS:
         return _divided_by_count(ctx, expr.func.value, depth - 1, seen)
     if isinstance(expr, (cst.Name, cst.Attribute)):
         name = dotted_name(expr)
         if name is None:
-            return False
+            return None
         for a in _assignments_before(ctx, name, expr):
             if isinstance(a.statement, cst.AugAssign):
                 if isinstance(a.op, cst.DivideAssign) and is_accumulation_count(ctx, a.statement.value):
-                    return True
-            elif a.value is not None and _divided_by_count(ctx, a.value, depth - 1, seen):
-                return True
-    return False
+                    return a.statement
+            elif a.value is not None:
+                hit = _divided_by_count(ctx, a.value, depth - 1, seen)
+                if hit is not None:
+                    return hit
+    return None
 
 
 def _assignments_before(ctx: ModuleContext, name: str, at: cst.CSTNode):
@@ -328,15 +332,9 @@ def _token_mean(ctx: ModuleContext, expr: cst.BaseExpression | None, loop: Loop 
 
 
 def _helper(ctx: ModuleContext, call: cst.Call) -> cst.FunctionDef | None:
-    func = call.func
-    if isinstance(func, cst.Name):
-        name = func.value
-    elif isinstance(func, cst.Attribute) and dotted_name(func.value) in ("self", "cls"):
-        name = func.attr.value
-    else:
-        return None
-    defs = ctx.functions.get(name)
-    return defs[0] if defs and len(defs) == 1 else None
+    """The same-module function ``call`` runs: ``helper(...)``, ``self.helper(...)``, or the ``forward`` of a
+    same-module ``nn.Module`` instance (``self.loss_fn = PolicyLoss(); self.loss_fn(...)``)."""
+    return same_module_callee(ctx, call)
 
 
 def _reweights(ctx, expr, loop, bindings, depth) -> bool:

@@ -137,6 +137,10 @@ class GradNotZeroed(Rule):
               "for batch in loader:\n"
               "    model_engine.backward(model_engine(batch))\n"
               "    optimizer.step()\n", "DeepSpeed optimizer"),
+        Valid("def hook(param):\n"
+              "    for opt in param._in_backward_optimizers:\n"
+              "        opt.step()\n"
+              "    param.grad = None\n", "a loop over optimizers steps each once"),
     ]
     INVALID = [
         Invalid("for batch in loader:\n"
@@ -193,7 +197,10 @@ class GradNotZeroed(Rule):
             return
         zeros = _zeroing(ctx)
         for call, opt in index.step_calls:
-            loops = ctx.enclosing_loops(call)
+            # `for opt in optimizers: opt.step()` steps each optimizer once: that loop is no training loop
+            opt_names = _names(opt)
+            loops = [loop for loop in ctx.enclosing_loops(call)
+                     if not (isinstance(loop, cst.For) and _names(loop.target) & opt_names)]
             if loops:
                 if _zeroed_in_loops(ctx, call, opt, loops, zeros):
                     continue
@@ -286,3 +293,18 @@ def _call_sites(ctx: ModuleContext, func: cst.FunctionDef) -> Iterator[cst.Call]
         elif isinstance(call.func, cst.Attribute) and call.func.attr.value == name and \
                 dotted_name(call.func.value) in ("self", "cls"):
             yield call
+
+
+def _names(expr: cst.CSTNode) -> set[str]:
+    """Bare names in a target or a receiver: ``(i, opt)`` -> {i, opt}; ``self.opts[k]`` -> {self, k}."""
+    found: set[str] = set()
+    stack = [expr]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, cst.Name):
+            found.add(node.value)
+        elif isinstance(node, cst.Attribute):
+            stack.append(node.value)
+        else:
+            stack.extend(node.children)
+    return found
