@@ -424,7 +424,7 @@ class Frozen(Marker):
             return None
         return self._fail(
             f"{len(changed)} of {len(keys)} rows seen earlier in this update (same {self.key}) now have "
-            f"different values (row fingerprint {changed[0][1]:.9g} -> {changed[0][2]:.9g})", x, call,
+            f"different values (first row's fingerprint {changed[0][1]:.4g} -> {changed[0][2]:.4g})", x, call,
             f"{self._argument} recomputed inside the update loop (from weights a step has changed)? Compute it "
             "once per rollout and reuse it in every minibatch and epoch; see RLG002")
 

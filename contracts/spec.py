@@ -251,14 +251,18 @@ def check_deferred(deferred: list, b: dict, src: dict) -> tuple[TensorSpec, str,
     for spec, axis, size, expr, bc in deferred:
         if bc and size == 1:
             continue
-        try:
-            value = eval(expr.code, _NO_BUILTINS, b)  # noqa: S307 - compiled from a checked AST, no builtins
-        except NameError:
-            inv = expr.inverse
-            if inv is not None and inv[0] not in b:
+        inv = expr.inverse
+        if inv is not None:  # fast path for "name + c": no eval
+            base = b.get(inv[0])
+            if base is None:
                 b[inv[0]] = size - inv[1]
                 src[inv[0]] = spec.argument
                 continue
+            if base + inv[1] == size:
+                continue
+        try:
+            value = eval(expr.code, _NO_BUILTINS, b)  # noqa: S307 - compiled from a checked AST, no builtins
+        except NameError:
             missing = [n for n in expr.names if n not in b]
             return spec, f"cannot evaluate {expr.text!r}: {', '.join(missing)} not bound by any argument", None
         if value != size:

@@ -72,13 +72,6 @@ def test_env_var_sets_the_mode(monkeypatch):
     for value, expect in (("off", "off"), ("warn", "warn"), ("raise", "raise"), ("", "raise"), ("0", "off")):
         monkeypatch.setenv("RLGUARD", value)
         assert _mode_from_env() == expect
-    code = ("import torch; from rlguard.contracts import contract, get_mode, LogProbs\n"
-            "@contract\ndef f(x: LogProbs) -> None: return None\n"
-            "f(torch.zeros(3)); print(get_mode())")
-    r = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, RLGUARD="off"), capture_output=True,
-                       text=True, cwd=ROOT, timeout=120)
-    assert r.returncode == 0, r.stderr
-    assert r.stdout.strip() == "off"
 
 
 def test_check_every_defers_value_checks_only():

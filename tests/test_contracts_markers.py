@@ -8,8 +8,7 @@ from typing import Annotated
 
 import pytest
 import torch
-from jaxtyping import Float
-from torch import Tensor, nn
+from torch import nn
 
 import contracts_helpers as h
 from rlguard.contracts import (
