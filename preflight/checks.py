@@ -67,10 +67,11 @@ class Context:
     def stepped(self) -> dict:
         """One real update on a copy: the model before/after, its reference and the update's stats."""
         model = self.fresh()
-        ref_model = self.adapter.make_reference(model)
-        optimizer = self.adapter.make_optimizer(model)
-        before = {k: v.detach().clone() for k, v in _state(model).items()}
-        stats = self.adapter.update(model, optimizer, ref_model, self.batch)
+        with torch.enable_grad():  # first use may come from inside a check's no_grad block
+            ref_model = self.adapter.make_reference(model)
+            optimizer = self.adapter.make_optimizer(model)
+            before = {k: v.detach().clone() for k, v in _state(model).items()}
+            stats = self.adapter.update(model, optimizer, ref_model, self.batch)
         return {"model": model, "ref": ref_model, "stats": stats or {}, "before": before}
 
     def masked_mean(self, values: torch.Tensor) -> float:

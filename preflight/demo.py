@@ -18,8 +18,13 @@ def lint_codes(paths: list[Path]) -> list[str] | None:
         from rlguard.lint import lint_paths
     except ImportError:
         return None
-    findings = lint_paths([str(p) for p in paths], cache=False)
-    return sorted({f.code for f in findings})
+    codes: set[str] = set()
+    for path in paths:  # one file at a time: an internal error in one file must not hide the others' findings
+        try:
+            codes |= {f.code for f in lint_paths([str(path)], cache=False)}
+        except Exception as exc:  # noqa: BLE001 - the linter itself failed on this file
+            codes.add(f"error({path.name}: {str(exc)[:60]})")
+    return sorted(codes)
 
 
 def healthy_sources() -> list[Path]:

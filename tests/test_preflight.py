@@ -1,0 +1,163 @@
+"""The preflight suite: adapter loading, the checks on the example trainer, reports, the CLI's exit codes, the plugin."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from rlguard.preflight.adapter import REQUIRED, AdapterError, load_adapter, missing  # noqa: E402
+from rlguard.preflight.checks import CHECKS  # noqa: E402
+from rlguard.preflight.cli import check_main  # noqa: E402
+from rlguard.preflight.report import markdown, table  # noqa: E402
+from rlguard.preflight.suite import TrainerError, run_suite  # noqa: E402
+
+torch.set_num_threads(1)
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLE = ROOT / "examples" / "trl_style_grpo.py"
+if str(EXAMPLE.parent) not in sys.path:
+    sys.path.insert(0, str(EXAMPLE.parent))
+
+
+@pytest.fixture(scope="module")
+def example_report():
+    from trl_style_grpo import TRLStyleAdapter
+
+    return run_suite(TRLStyleAdapter())
+
+
+def test_catalog_codes_of_checks():
+    from rlguard.catalog import CODES
+
+    for name, (fn, code, hint) in CHECKS.items():
+        assert code is None or code in CODES, name
+        assert callable(fn) and hint
+
+
+def test_reference_adapter_satisfies_protocol():
+    from rlguard.preflight.adapter import TrainerAdapter
+    from rlguard.reference.adapter import adapter
+
+    assert not missing(adapter)
+    assert isinstance(adapter, TrainerAdapter)
+
+
+def test_example_adapter_passes_every_check(example_report):
+    assert example_report.passed, table(example_report)
+    skipped = {c.name for c in example_report.checks if c.skipped}
+    assert skipped == {"entropy_direction", "greedy_eval"}  # no entropy bonus, no greedy path in the example
+    assert [c.name for c in example_report.checks] == list(CHECKS)
+
+
+def test_report_renderings(example_report):
+    text = table(example_report)
+    assert "check" in text and "all checks passed" in text
+    md = markdown(example_report)
+    assert md.startswith("# rlguard preflight report") and "| kl_direction |" in md
+    data = example_report.to_dict()
+    assert data["passed"] is True
+    for c in data["checks"]:
+        assert {"name", "code", "value", "tolerance", "passed", "hint"} <= set(c)
+    json.dumps(data)
+
+
+def test_load_adapter_forms(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(AdapterError, match="cannot import"):
+        load_adapter("no_such_module_xyz:adapter")
+    (tmp_path / "half_adapter.py").write_text("group_size = 4\ndef build_model():\n    return None\n")
+    with pytest.raises(AdapterError, match="missing"):
+        load_adapter("half_adapter")
+    assert len(REQUIRED) >= 10
+
+
+def test_broken_trainer_is_trainer_error():
+    from trl_style_grpo import TRLStyleAdapter
+
+    class Broken(TRLStyleAdapter):
+        def make_batch(self, model, seed):
+            raise RuntimeError("sampler crashed")
+
+    with pytest.raises(TrainerError, match="sampler crashed"):
+        run_suite(Broken())
+
+
+def test_faulty_example_fails_its_check():
+    from trl_style_grpo import TRLStyleAdapter, TinyGRPOTrainer
+
+    class NoZeroGrad(TinyGRPOTrainer):
+        def training_step(self, inputs):
+            self.optimizer.zero_grad = lambda *a, **k: None  # a trainer that forgot zero_grad
+            return super().training_step(inputs)
+
+    class Adapter(TRLStyleAdapter):
+        def _trainer(self, model):
+            return NoZeroGrad(model, self.args, self.spec)
+
+    report = run_suite(Adapter(), only=["grads_zeroed", "accumulation"])
+    assert report.failed == ["grads_zeroed"]
+
+
+def _run_check(args, cwd, pythonpath):
+    env = dict(os.environ, PYTHONPATH=str(pythonpath))
+    return subprocess.run([sys.executable, "-m", "rlguard", "check", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_check_cli_exit_codes(tmp_path):
+    src = EXAMPLE.read_text()
+    (tmp_path / "good.py").write_text(src)
+    bad = src.replace("per_token_loss = -torch.min(", "per_token_loss = torch.min(")
+    assert bad != src
+    (tmp_path / "bad.py").write_text(bad)
+    (tmp_path / "broken.py").write_text(src.replace("def build_model(self):", "def build_model(self):\n        1 / 0"))
+    out = tmp_path / "out"
+    good = _run_check(["good:adapter", "--out", str(out), "-q"], tmp_path, tmp_path)
+    assert good.returncode == 0, good.stdout + good.stderr
+    data = json.loads((out / "report.json").read_text())
+    assert data["passed"] is True and len(data["checks"]) == len(CHECKS)
+    assert (out / "report.md").is_file()
+    failed = _run_check(["bad:adapter", "-q", "--only", "advantage_direction,group_mean"], tmp_path, tmp_path)
+    assert failed.returncode == 1, failed.stdout + failed.stderr
+    assert "FAIL" in failed.stdout and "RLG005" in failed.stdout
+    assert _run_check(["broken:adapter", "-q"], tmp_path, tmp_path).returncode == 125
+    assert _run_check(["does_not_exist:adapter", "-q"], tmp_path, tmp_path).returncode == 125
+
+
+def test_check_main_in_process(capsys):
+    assert check_main(["trl_style_grpo:adapter", "-q", "--only", "ratio_one,group_mean"]) == 0
+    assert "ratio_one" in capsys.readouterr().out
+
+
+def test_pytest_plugin_fixture_and_marker(tmp_path):
+    src = EXAMPLE.read_text()
+    (tmp_path / "good_trainer.py").write_text(src)
+    (tmp_path / "bad_trainer.py").write_text(src.replace("per_token_loss = -torch.min(", "per_token_loss = torch.min("))
+    (tmp_path / "test_user.py").write_text(textwrap.dedent("""
+        import pytest
+
+        ONLY = ["advantage_direction", "group_mean"]
+
+        def test_fixture_good(rlguard_check):
+            assert rlguard_check("good_trainer:adapter", only=ONLY).passed
+
+        def test_fixture_bad(rlguard_check):
+            rlguard_check("bad_trainer:adapter", only=ONLY)
+
+        @pytest.mark.rlguard_preflight("bad_trainer:adapter", only=ONLY)
+        def test_marker_bad():
+            pass
+    """))
+    env = dict(os.environ, PYTHONPATH=str(tmp_path))
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_user.py"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    out = proc.stdout + proc.stderr
+    assert "2 failed, 1 passed" in out, out
+    assert "rlguard preflight failed: advantage_direction" in out
