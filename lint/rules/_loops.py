@@ -6,8 +6,14 @@ role (``optimizer``, ``self.opt``, ``scaler.step(optimizer)``). An *epoch/miniba
 says it iterates over PPO epochs, minibatches or microbatches (``for epoch in range(ppo_epochs)``,
 ``for mb in batch.chunk(n)``, ``for idx in BatchSampler(...)``), wherever its update sits.
 
-Everything here is computed once per module (cached on the :class:`ModuleContext`) by iterating the indexed
-calls, so rules can ask per node without re-walking the tree.
+It also knows what a *model forward* is (a call of the policy, the reference model or a value head/critic, or
+of a helper applied to one: :func:`is_model_forward`, :func:`forward_calls`) and where autograd is off, beyond
+``ModuleContext.is_grad_disabled``: functions only ever called under ``torch.no_grad()``
+(:func:`is_grad_off`) and a reference model frozen with ``requires_grad_(False)`` (:func:`reference_frozen`).
+
+Per-module facts are computed once (cached per :class:`ModuleContext`) by iterating the indexed calls, so rules
+can ask per node without re-walking the tree; the few helpers that scan a subtree (``collects_rollouts``) are
+meant for candidates only.
 """
 
 from __future__ import annotations
@@ -488,6 +494,17 @@ def _class_method(ctx: ModuleContext, class_name: str, methods: tuple[str, ...])
         if isinstance(stmt, cst.FunctionDef) and stmt.name.value in methods:
             return stmt
     return None
+
+
+def is_reference_forward(ctx: ModuleContext, call: cst.Call) -> bool:
+    """A forward of the reference model (``ref_model(ids)``, ``self.ref.forward(x)``), or a helper applied to it
+    (``logp_of(self.ref_model, ids)``)."""
+    if is_model_forward(ctx, call):
+        func = call.func
+        if ctx.has_role(func, "ref_model"):
+            return True
+        return isinstance(func, cst.Attribute) and ctx.has_role(func.value, "ref_model")
+    return any(ctx.has_role(arg, "ref_model") for arg in model_arguments(ctx, call))
 
 
 def _is_ref_call(ctx: ModuleContext, call: cst.Call) -> bool:

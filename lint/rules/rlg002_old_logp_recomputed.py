@@ -8,7 +8,7 @@ import libcst as cst
 
 from rlguard.lint.context import ModuleContext, dotted_name, method_name
 from rlguard.lint.rule import Invalid, Rule, Valid, Violation
-from rlguard.lint.rules._loops import forward_calls, update_loops
+from rlguard.lint.rules._loops import forward_calls, is_reference_forward, update_loops
 
 
 class OldLogpRecomputed(Rule):
@@ -180,7 +180,8 @@ class OldLogpRecomputed(Rule):
                     loops = update_loops(ctx, stmt)
                     if not loops:
                         continue
-                    forwards = forward_calls(ctx, stmt.value, grad=False)
+                    forwards = [f for f in forward_calls(ctx, stmt.value, grad=False)
+                                if not is_reference_forward(ctx, f)]
                     if any(ctx.contains(loop, f) for loop in loops for f in forwards):
                         yield Violation(stmt.value if len(_elements(target.target)) == 1 else element,
                                         f"old log-probs `{name}` are recomputed from the current weights inside "

@@ -10,7 +10,7 @@ import libcst as cst
 
 from rlguard.lint.context import ModuleContext, dotted_name, value_name
 from rlguard.lint.rule import Invalid, Rule, Valid, Violation
-from rlguard.lint.rules._loops import forward_calls, is_grad_off, is_model_forward, model_arguments
+from rlguard.lint.rules._loops import forward_calls, is_grad_off, is_reference_forward
 
 LOGP_WORD = re.compile(r"(?i)log_?probs?|logps?|logprobs?")
 TARGET_ROLES = ("old_logp", "ref_logp", "advantages", "returns")
@@ -64,7 +64,8 @@ class DetachedTargets(Rule):
 
     code = "RLG003"
     triggers = (r"(?i)(old|ref|reference|behaviou?r|base|init|rollout|sampl\w*|mu)_?(per_token_)?log_?p|"
-                r"advantage|\badvs?\b|\breturns\s*[=,)]|\bvalue_targets\b")
+                r"advantage|\badvs?\b|\breturns\s*[=,)]|\bvalue_targets\b|"
+                r"(ref|reference|initial|init|frozen)_?(model|policy|actor)")
     fixable = True
 
     VALID = [
@@ -162,7 +163,7 @@ class DetachedTargets(Rule):
             forwards = forward_calls(ctx, value, grad=True)
             if logp_named:
                 # `base_action_log_probs = self.initial_model(...)`: log-probs of the reference model
-                if not forwards or not all(_of_reference(ctx, f) for f in forwards):
+                if not forwards or not all(is_reference_forward(ctx, f) for f in forwards):
                     continue
                 role = "ref_logp"
             if not forwards:
@@ -192,16 +193,6 @@ def _target_role(ctx: ModuleContext, target: cst.BaseExpression) -> str | None:
 def _logp_named(target: cst.BaseExpression) -> bool:
     name = dotted_name(target)
     return name is not None and LOGP_WORD.search(name.rsplit(".", 1)[-1]) is not None
-
-
-def _of_reference(ctx: ModuleContext, call: cst.Call) -> bool:
-    """A forward of the reference model, or a helper applied to it."""
-    if is_model_forward(ctx, call):
-        func = call.func
-        if ctx.has_role(func, "ref_model"):
-            return True
-        return isinstance(func, cst.Attribute) and ctx.has_role(func.value, "ref_model")
-    return any(ctx.has_role(arg, "ref_model") for arg in model_arguments(ctx, call))
 
 
 def _detached(value: cst.BaseExpression) -> cst.BaseExpression:

@@ -340,8 +340,9 @@ def _helper(ctx: ModuleContext, call: cst.Call) -> cst.FunctionDef | None:
 def _reweights(ctx, expr, loop, bindings, depth) -> bool:
     """``tok / total_tokens`` or ``mb_tokens`` as a factor: a microbatch mean reweighted by its token share."""
     if isinstance(expr, cst.BinaryOperation) and isinstance(expr.operator, cst.Divide):
-        return _count_locality(ctx, expr.left, loop, bindings, depth) is not None or \
-            _count_locality(ctx, expr.right, loop, bindings, depth) == "global"
+        # a ratio (`tok / total_tokens`, `len(mb) / minibatch_size`): a deliberate reweighting; only a
+        # division of 1 by the number of microbatches is no reweighting
+        return not is_accumulation_count(ctx, expr.right)
     return _count_locality(ctx, expr, loop, bindings, depth) is not None
 
 
