@@ -322,7 +322,7 @@ class Tracer:
             return self._roll(call.args[0].value, call, 1, side, env, depth)
         if qname == "torch.nn.functional.pad" and call.args:
             return self._pad(call, side, env, depth)
-        if isinstance(func, cst.Name):
+        if isinstance(func, cst.Name) or dotted_name(func) == f"self.{method}":
             rets = self.helper_returns(call, env)
             found = [self.trace(r, side, e, depth - 1) for r, e in rets]
             found = [f for f in found if f is not None]
@@ -398,9 +398,14 @@ class Tracer:
 
     def helper_returns(self, call: cst.Call, env: Env) -> list[tuple[cst.BaseExpression, Env]]:
         """Return values of a same-module helper, with the helper's parameters bound to the call's arguments."""
-        if not isinstance(call.func, cst.Name):
+        func = call.func
+        if isinstance(func, cst.Attribute) and dotted_name(func) == f"self.{func.attr.value}":
+            name = func.attr.value  # a method of this class
+        elif isinstance(func, cst.Name):
+            name = func.value
+        else:
             return []
-        defs = self.ctx.functions.get(call.func.value)
+        defs = self.ctx.functions.get(name)
         if not defs or len(defs) != 1:
             return []
         info = self.ctx.scopes[id(defs[0])]

@@ -135,16 +135,28 @@ class MaskNotShifted(Rule):
     def check(self, ctx: ModuleContext) -> Iterator[Violation]:
         tracer = Tracer(ctx)
         producers: set[int] = set()
+        convention = _storage_convention(ctx, tracer)
         for stmt, target, value in _producers(ctx):
             m = tracer.trace(value, "seq")
-            if m is None or not m.moved or m.kind != ROOT_IDS:
+            if m is None or not m.moved or m.kind not in (ROOT_IDS, ROOT_TOKEN):
                 continue
-            if not (m.s.is_const() and m.e.is_const()) or (m.e - m.s).const != -1 or m.s.const == 1:
+            if not (m.s.is_const() and m.e.is_const()):
+                continue
+            if convention is not None:
+                if m.s.const == convention:
+                    continue
+                producers.add(id(stmt))
+                yield Violation(stmt, f"this action mask is aligned to ids[:, {_window(m)}] but the log-probs of "
+                                      f"this module are stored from ids position {convention} on; move the mask "
+                                      "with the log-probs (for log-probs of ids[:, 1:]: attention_mask[:, 1:], "
+                                      "owner[:, 1:] == POLICY)")
+                continue
+            if m.kind != ROOT_IDS or (m.e - m.s).const != -1 or m.s.const == 1:
                 continue
             producers.add(id(stmt))
-            yield Violation(stmt, f"{_describe(m)}: the mask is [B, T-1] but aligned to ids[:, {_window(m)}], "
-                                  "not to ids[:, 1:] like the log-probs; build it from ids[:, 1:] "
-                                  "(e.g. owner[:, 1:] == POLICY)")
+            yield Violation(stmt, f"this action mask is [B, T-1] but aligned to ids[:, {_window(m)}], not to "
+                                  "ids[:, 1:] like the log-probs; build it from ids[:, 1:] "
+                                  "(e.g. owner[:, 1:] == POLICY, attention_mask[:, 1:])")
         sites = list(_sites(ctx, tracer))
         reported: set[int] = set()
         deferred: dict[int, list] = {}
@@ -168,14 +180,39 @@ class MaskNotShifted(Rule):
                         yield Violation(call, f"in `{func.name.value}` called here: {verdict}")
 
 
+def _storage_convention(ctx: ModuleContext, tracer: Tracer) -> int | None:
+    """Where the log-probs computed in this module are stored (ids position of slot 0), when that is one
+    known constant: from the values of returns and log-prob assignments that gather from logits here."""
+    found: set[int] = set()
+    candidates = [r.value for r in ctx.nodes(cst.Return) if r.value is not None]
+    for stmt in ctx.nodes(cst.Assign):
+        name = dotted_name(stmt.targets[0].target) if len(stmt.targets) == 1 else None
+        if name and any(ctx.names.is_role(name.rsplit(".", 1)[-1], r) for r in ("logp", "old_logp", "ref_logp")):
+            candidates.append(stmt.value)
+    for value in candidates:
+        if not any(gather_site(ctx, c) for c in _calls_in(value)):
+            continue
+        for a, computed in _token_aligns(ctx, tracer, value, {}, 12, set()):
+            if computed and a.s.is_const():
+                found.add(a.s.const)
+    return found.pop() if len(found) == 1 else None
+
+
+def _calls_in(expr: cst.BaseExpression, limit: int = 64) -> list[cst.Call]:
+    out: list[cst.Call] = []
+    stack = [expr]
+    while stack and len(out) < limit:
+        node = stack.pop()
+        if isinstance(node, cst.Call):
+            out.append(node)
+        stack.extend(node.children)
+    return out
+
+
 def _window(a: Align) -> str:
     start = "" if a.s.const == 0 else str(a.s.const)
     stop = "" if a.e.const == 0 else str(a.e.const)
     return f"{start}:{stop}"
-
-
-def _describe(a: Align) -> str:
-    return f"mask aligned to ids[:, {_window(a)}]" if a.s.is_const() and a.e.is_const() else "mask"
 
 
 def _producers(ctx: ModuleContext):
@@ -253,7 +290,7 @@ def _judge(ctx, tracer: Tracer, values, mask, env: Env, producers: set[int]) -> 
         return None
     if any(v in producers for v in m.via):
         return None  # already reported where the mask is built
-    aligns = _token_aligns(ctx, tracer, values, env, 10, set())
+    aligns = _token_aligns(ctx, tracer, values, env, 24, set())
     if not aligns:
         return None
     if not m.moved and not any(computed for _, computed in aligns):
@@ -345,6 +382,8 @@ def _token_aligns(ctx: ModuleContext, tracer: Tracer, expr, env: Env, depth: int
             return []
         if qname in ELEMENTWISE_FUNCTIONS:
             return [x for arg in expr.args for x in rec(arg.value)]
+        if isinstance(func, cst.Attribute) and dotted_name(func) == f"self.{func.attr.value}":
+            return [x for ret, new_env in tracer.helper_returns(expr, env) for x in rec(ret, new_env)]
         if isinstance(func, cst.Attribute) and not is_module_function(ctx, expr):
             if func.attr.value in ELEMENTWISE_METHODS:
                 if func.attr.value == "squeeze" and expr.args and not _last_dim(expr.args[0].value):
