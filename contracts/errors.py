@@ -51,6 +51,9 @@ class ContractViolation(AssertionError):
             text += f"\n({len(violations) - 1} more in this call)\n{more}"
         super().__init__(text)
 
+    def __reduce__(self) -> tuple:  # picklable (multiprocessing, future cross-rank reporting)
+        return (type(self), (self.violations, self.rank))
+
 
 class ContractDefinitionError(TypeError):
     """A decorator or marker does not fit the function it was applied to (raised at decoration time)."""

@@ -265,3 +265,14 @@ def test_definition_errors_at_decoration_time():
         def f13(x: Float[Tensor, "B"] | Int[Tensor, "B"]) -> None: ...
 
     assert issubclass(ContractDefinitionError, TypeError)
+
+
+def test_violation_is_small_and_picklable():
+    import pickle
+
+    with pytest.raises(ContractViolation) as ei:
+        policy_loss(**good() | {"mask": torch.ones(B, T)})
+    e2 = pickle.loads(pickle.dumps(ei.value))
+    assert (e2.code, e2.function, e2.argument, e2.rank, str(e2)) == ("RLG001", "policy_loss", "mask", None,
+                                                                     str(ei.value))
+    assert not any(isinstance(v, torch.Tensor) for v in vars(e2.violations[0]).values())
