@@ -6,12 +6,17 @@ action mask, old and reference log-probs) is [B, T-1] and aligned to ``ids[:, 1:
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import torch
 
+from rlguard.contracts import (ActionMask, Advantages, Logits, LogProbs, MatchesOwner, NoGrad, Owner, Rewards,
+                               TokenIds, contract)
 from rlguard.reference.task import POLICY
 
 
-def token_log_probs(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+@contract
+def token_log_probs(logits: Logits, ids: TokenIds) -> LogProbs:
     """log p(ids[:, t+1] | ids[:, :t+1]) -> [B, T-1]: logits[:, t] predicts ids[:, t+1]."""
     log_probs = logits[:, :-1].log_softmax(-1)
     return log_probs.gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1)
@@ -23,13 +28,15 @@ def token_entropy(logits: torch.Tensor) -> torch.Tensor:
     return -(log_p.exp() * log_p).sum(-1)
 
 
-def build_action_mask(owner: torch.Tensor) -> torch.Tensor:
+@contract
+def build_action_mask(owner: Owner) -> Annotated[ActionMask, MatchesOwner(owner="owner")]:
     """1.0 where ids[:, 1:] was written by the policy -> [B, T-1]."""
     action_mask = (owner[:, 1:] == POLICY).float()
     return action_mask
 
 
-def group_advantages(rewards: torch.Tensor, group_size: int, eps: float = 1e-4) -> torch.Tensor:
+@contract
+def group_advantages(rewards: Rewards, group_size: int, eps: float = 1e-4) -> Annotated[Advantages, NoGrad()]:
     """GRPO advantages: each reward minus its group's mean, over the group's std -> [B]."""
     grouped = rewards.view(-1, group_size)
     centred = grouped - grouped.mean(dim=-1, keepdim=True)
@@ -37,7 +44,8 @@ def group_advantages(rewards: torch.Tensor, group_size: int, eps: float = 1e-4) 
     return advantages.view(-1)
 
 
-def kl_penalty(log_probs: torch.Tensor, ref_log_probs: torch.Tensor, estimator: str = "k3") -> torch.Tensor:
+@contract
+def kl_penalty(log_probs: LogProbs, ref_log_probs: Annotated[LogProbs, NoGrad()], estimator: str = "k3") -> LogProbs:
     """Per-token estimate of KL(pi || ref) on tokens sampled from pi: k1 = log r, k3 = r' - 1 - log r' (r' = ref/pi)."""
     log_ratio = log_probs - ref_log_probs
     if estimator == "k1":

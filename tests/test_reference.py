@@ -128,3 +128,20 @@ def test_default_run_learns():
     assert len(history) == 24
     assert last > first + 0.2, (first, last)
     assert history[-1]["eval_pass"] > history[0]["eval_pass"]
+
+
+def test_contracts_on_and_off_train_bit_identically():
+    from rlguard.contracts import ContractViolation, mode
+
+    def run():
+        model = base_policy(SMALL)
+        train(SMALL, steps=2, model=model)
+        return model.state_dict()
+
+    with mode("raise"):
+        on = run()
+        with pytest.raises(ContractViolation):  # the contracts really are active on the trainer's functions
+            token_log_probs(torch.zeros(2, 5, 7), torch.zeros(2, 4, dtype=torch.long))
+    with mode("off"):
+        off = run()
+    assert all(torch.equal(on[k], off[k]) for k in on)
