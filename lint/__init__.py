@@ -7,8 +7,9 @@ __all__ = ["Finding", "FileResult", "Invalid", "Rule", "Valid", "Violation", "al
            "lint_source"]
 
 
-def lint_paths(paths, select=None, ignore=None):
-    """Lint files and folders with the project's config; returns the findings sorted by path and position."""
+def lint_paths(paths, select=None, ignore=None, config=None, jobs=1, cache=True, fix=False):
+    """Lint files and folders with the project's config; returns the findings sorted by path and position.
+    See :func:`rlguard.lint.runner.lint_paths`."""
     from rlguard.lint.runner import lint_paths as _lint_paths
 
-    return _lint_paths(paths, select=select, ignore=ignore)
+    return _lint_paths(paths, select=select, ignore=ignore, config=config, jobs=jobs, cache=cache, fix=fix)

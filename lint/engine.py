@@ -14,6 +14,7 @@ import libcst as cst
 from libcst.metadata import MetadataWrapper, PositionProvider
 
 from rlguard.catalog import CODES
+from rlguard.lint import prescan
 from rlguard.lint.context import ModuleContext
 from rlguard.lint.names import Vocabulary
 from rlguard.lint.rule import Finding, Rule, Violation, all_rules
@@ -31,6 +32,24 @@ class FileResult:
     suppressed: list[Finding] = field(default_factory=list)
     fixed: list[Finding] = field(default_factory=list)  # findings that --fix rewrote away
     fixed_source: str | None = None
+    errors: list["InternalError"] = field(default_factory=list)  # rules that raised on this file
+
+
+@dataclass(frozen=True)
+class InternalError:
+    """A rule (or the engine) raised on a file: a bug in rlguard, reported without stopping the other rules
+    and files. Plain strings only, so it pickles across worker processes."""
+
+    path: str
+    rule: str | None  # the rule's code, None when the engine itself failed
+    exc_type: str
+    message: str
+    traceback: str = ""
+
+    def describe(self) -> str:
+        where = f"rule {self.rule}" if self.rule else "the engine"
+        detail = f": {self.message}" if self.message else ""
+        return f"internal error on {self.path}: {where} raised {self.exc_type}{detail}"
 
 
 def noqa_codes(line: str) -> set[str] | None:
@@ -73,7 +92,9 @@ def lint_source(source: str, path: str = "<string>", rules: Iterable[type[Rule]]
     parse becomes a single RLG900 finding."""
     result = FileResult(path)
     rule_classes = list(all_rules().values() if rules is None else rules)
-    candidates = [r for r in rule_classes if r.may_fire(source)]
+    lowered, memo = source.lower(), {}
+    # the literal words a trigger needs are checked first (memory speed); the trigger regex only where they are
+    candidates = [r for r in rule_classes if prescan.may_fire(r._trigger_re, lowered, memo) and r.may_fire(source)]
     if not candidates:
         error = _syntax_error_finding(path, source)
         if error is not None:
@@ -82,7 +103,10 @@ def lint_source(source: str, path: str = "<string>", rules: Iterable[type[Rule]]
     try:
         module = cst.parse_module(source)
     except cst.ParserSyntaxError as exc:
-        result.findings.append(_parse_error(path, f"syntax error: {exc.message}", exc.raw_line, exc.raw_column + 1))
+        # CPython's own message and position read better than the parser's; libcst's only when CPython parses it
+        error = _syntax_error_finding(path, source) or _parse_error(
+            path, f"syntax error (libcst): {exc.message}", exc.raw_line, exc.raw_column + 1)
+        result.findings.append(error)
         return result
     except (RecursionError, ValueError) as exc:
         result.findings.append(_parse_error(path, f"cannot parse: {exc}"))
@@ -91,8 +115,12 @@ def lint_source(source: str, path: str = "<string>", rules: Iterable[type[Rule]]
     ctx = ModuleContext(module, path, vocabulary)
     violations: list[tuple[type[Rule], Violation]] = []
     for rule in candidates:
-        for violation in rule().check(ctx):
-            violations.append((rule, violation))
+        try:
+            found = list(rule().check(ctx))
+        except Exception as exc:  # a bug in a rule must not stop the other rules nor the other files
+            result.errors.append(internal_error(path, rule.code, exc))
+            continue
+        violations.extend((rule, violation) for violation in found)
     if not violations:
         return result
 
@@ -119,6 +147,13 @@ def lint_source(source: str, path: str = "<string>", rules: Iterable[type[Rule]]
         result.fixed = [f for f in result.findings if f.fixable]
         result.findings = [f for f in result.findings if not f.fixable]
     return result
+
+
+def internal_error(path: str, rule: str | None, exc: BaseException) -> InternalError:
+    import traceback
+
+    text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    return InternalError(path, rule, type(exc).__name__, str(exc)[:300], text)
 
 
 def _suppressed(lines: list[str], finding: Finding) -> bool:

@@ -1,0 +1,139 @@
+"""Documentation bodies for the catalog codes that have no lint rule (a lint rule's docs are its docstring).
+
+:func:`rlguard.lint.docs.render_page` wraps each body with the title, the catalog summary, the runtime
+counterpart and a note on suppression. Kept free of torch and libcst: only text.
+"""
+
+PAGES: dict[str, str] = {
+    "RLG000": """
+        ## What it is
+        No static check: caught at run time by the runtime contracts (`@contract`, see
+        [docs/contracts.md](../contracts.md)). RLG000 is the catch-all code for a tensor whose shape or dtype
+        does not match its annotation when no more specific code applies: a `[B, T]` tensor where `[B, T-1]` is
+        declared, float token ids, a loss that is not a scalar, NaN or Inf in a `Finite()` tensor. The message
+        names the function and the argument, the expected dims with the sizes bound so far (`B=8, T=256`) and
+        what arrived.
+
+        ## Why it matters
+        Broadcasting hides shape bugs: a `[B]` advantage multiplied with `[B, T-1]` log-probs and a `[B, 1]`
+        one give different losses with no error, and a `[B, T]` mask times `[B, T-1]` log-probs fails only after
+        someone "fixes" it by slicing the wrong end. Training runs, the loss is finite, and the model learns
+        from the wrong tokens.
+
+        ## Example
+        ```python
+        @contract
+        def policy_loss(logp: LogProbs, mask: ActionMask) -> Loss:   # both [B, T-1]
+            ...
+
+        policy_loss(logp, batch["attention_mask"])   # [B, T]: RLG000 names `mask`, expected [B, T-1], B=8, T=256
+        ```
+
+        ## Use instead
+        Pass tensors aligned to `ids[:, 1:]` (every per-token training tensor is `[B, T-1]`), or fix the
+        annotation if the function really takes another layout.
+
+        ## Fix
+        No automatic fix, and no lint rule: a shape is a run-time fact. Read the violation's message: it says
+        which argument, which dimension and which binding disagree.
+
+        ## Options
+        `RLGUARD=off|warn|raise` in the environment (or `rlguard.contracts.set_mode`) chooses whether a
+        violation raises, warns or is skipped; `@contract(check_every=N)` checks one call in N.
+    """,
+    "RLG014": """
+        ## What it is
+        No static check: caught at run time by the preflight suite (`rlguard check`, see
+        [docs/preflight.md](../preflight.md)), which performs one real update on a copy of your model and
+        compares every parameter and buffer before and after. Parameters outside the intended trainable set
+        (a frozen backbone or embedding, the reference model, a reward or value normaliser) must be
+        bit-identical after the step.
+
+        ## Why it matters
+        Which weights train is decided far from the loss: `requires_grad` flags, which modules go into the
+        optimizer, `model.parameters()` versus a filtered list, a PEFT wrapper. A frozen part that trains
+        anyway rarely crashes; it drifts. The reference model that moves with the policy makes the KL
+        penalty vanish; an unfrozen embedding under a small-LR adapter recipe slowly degrades every prompt.
+        The symptom is quality that wanders for no visible reason, or a KL to the reference that stays near
+        zero.
+
+        ## Example
+        ```python
+        model.pos_emb.requires_grad_(False)                      # meant to stay frozen
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-5)     # ...but every parameter is in the optimizer
+        # with weight decay, AdamW still moves pos_emb even with no gradient
+        ```
+
+        ## Use instead
+        ```python
+        opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-5)
+        ```
+
+        ## Fix
+        No automatic fix, and no lint rule: which parameters are meant to train is a decision the code does not
+        state in one place. The preflight report lists the parameters that changed and should not have.
+
+        ## Options
+        The preflight adapter declares the intended trainable set (see [docs/preflight.md](../preflight.md)).
+    """,
+    "RLG015": """
+        ## What it is
+        No static check: caught at run time by the preflight suite (`rlguard check`, see
+        [docs/preflight.md](../preflight.md)), which saves a checkpoint, reloads it into a fresh model and
+        compares the outputs on the same inputs.
+
+        ## Why it matters
+        A checkpoint that does not reproduce the policy fails silently at the worst moment: evaluation or a
+        resumed run uses a different model from the one that was trained. Common causes are state kept outside
+        `state_dict()` (an observation or reward normaliser, a temperature), a dtype change on save (bf16 to fp16,
+        fp32 master weights dropped), keys renamed by a wrapper (`module.`, `_orig_mod.` after `torch.compile`)
+        loaded with `strict=False`, or a PEFT adapter saved without its base.
+
+        ## Example
+        ```python
+        torch.save(model.state_dict(), "ckpt.pt")
+        fresh.load_state_dict(torch.load("ckpt.pt"), strict=False)   # silently skips the renamed keys
+        ```
+
+        ## Use instead
+        ```python
+        missing, unexpected = fresh.load_state_dict(torch.load("ckpt.pt"), strict=True)
+        # and save every piece of state the policy needs (normalisers, generation settings) with it
+        ```
+
+        ## Fix
+        No automatic fix, and no lint rule: whether a checkpoint is complete depends on run-time state. The
+        preflight report says which outputs differ and by how much.
+
+        ## Options
+        The preflight adapter supplies the save and load functions to test (see [docs/preflight.md](../preflight.md)).
+    """,
+    "RLG900": """
+        ## What it flags
+        A file that rlguard could not read or parse: a syntax error (reported at its line and column), a file
+        that is not UTF-8, a null byte, or a file the OS would not let rlguard read. No rule ran on that file,
+        so it may hide any other finding.
+
+        ## Why it is reported
+        A linter that skipped unparsable files quietly would report "all checks passed" on exactly the files it
+        never looked at. RLG900 makes the gap visible and makes `rlguard lint` exit 1. It is rlguard's own code,
+        not a failure mode of a trainer.
+
+        ## Example
+        ```python
+        def loss(logp, old_logp:
+            return -(logp - old_logp).mean()
+        ```
+        reports `RLG900 [syntax-error] syntax error: ...` at the position of the error.
+
+        ## Use instead
+        Fix the syntax error, or save the file as UTF-8. Files that are broken on purpose (test fixtures)
+        belong in `exclude` in `[tool.rlguard]`.
+
+        ## Fix
+        No automatic fix.
+
+        ## Options
+        `exclude` skips files and folders; `ignore = ["RLG900"]` or `per-file-ignores` drops the finding.
+    """,
+}
