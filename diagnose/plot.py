@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+import textwrap
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -13,14 +14,14 @@ from rlguard.diagnose.rules import Report, series
 PANELS: list[tuple[str, tuple[str, ...], bool, tuple[float, float] | None]] = [
     ("reward / pass rate", ("reward", "eval_pass", "pass_rate"), False, None),
     ("entropy", ("entropy",), False, None),
-    ("approx_kl", ("approx_kl",), True, (1e-4, 3e-3)),
+    ("approx_kl", ("approx_kl",), True, None),  # its healthy range depends on the trainer
     ("ratio_max / ratio_min", ("ratio_max", "ratio_min"), False, None),
     ("clip_frac", ("clip_frac",), False, None),
     ("grad_norm", ("grad_norm",), False, None),
     ("logp_gap (trainer - sampler)", ("logp_gap",), True, (0.0, 1e-4)),
     ("zero_adv_frac", ("zero_adv_frac",), False, None),
     ("kl_ref", ("kl_ref",), False, None),
-    ("episode length", ("length_pass", "length_fail", "length"), False, None),
+    ("policy tokens per episode", ("length_pass", "length_fail", "length"), False, None),
     ("extras", ("malformed", "hardcode", "reads"), False, None),
 ]
 
@@ -49,6 +50,8 @@ def plot_history(history: Sequence[Mapping[str, Any]], report: Report, out: str 
     for ax, (panel_title, keys, log, band) in zip(axes.flat, panels):
         for key in keys:
             pts = series(history, key)
+            if key in ("length_pass", "length_fail"):
+                pts = [(s, v) for s, v in pts if v > 0]  # 0: no passing (failing) episode at that step
             steps, values = [s for s, _ in pts], [v for _, v in pts]
             if log:
                 values = [max(v, 1e-12) for v in values]
@@ -82,7 +85,9 @@ def plot_history(history: Sequence[Mapping[str, Any]], report: Report, out: str 
         found = "; ".join(f"{s.rule}" + (f" ({'/'.join(s.codes[:1])})" if s.codes else f" ({s.cause})")
                           for s in report.symptoms)
         handles = [plt.Line2D([], [], marker="X", ls="", color=colour[s.rule], markeredgecolor="black",
-                              label=f"{s.rule}: {s.cause}") for s in report.symptoms]
+                              label=textwrap.fill(f"{s.rule}" + (f" [{'/'.join(s.codes)}]" if s.codes else "")
+                                                  + f": {s.cause}", 48))
+                   for s in report.symptoms]
         spare = list(axes.flat)[len(panels):]
         if spare:  # the symptom legend in the first empty slot of the grid
             spare[0].legend(handles=handles, loc="center", fontsize=8.5, frameon=False, title="rules that fired",

@@ -44,16 +44,20 @@ class Thresholds:
     # ... and the reward has not risen by reward_rise (zero_adv_frac -> 1 because every episode passes is success).
     reward_rise: float = 0.2
 
-    # Reward hacking: reward rises by >= reward_rise while the held-out pass rate falls by >= eval_drop.
+    # Reward hacking: reward rises by >= reward_rise while the held-out pass rate falls by >= eval_drop, or
+    # does not rise at all while a reward-hacking extra (hack_keys) rises by >= hack_rise (the chapter's
+    # public-test reward: reward 0.27 -> 0.97, held-out 0.175 -> 0, hardcode 0.125 -> 0.97).
     eval_drop: float = 0.1
-    hack_keys: tuple[str, ...] = ("hardcode",)  # extras that count reward-hacking behaviour (evidence)
+    hack_keys: tuple[str, ...] = ("hardcode",)
+    hack_rise: float = 0.2
 
-    # Learning rate too high: approx_kl within the first `early_steps` steps above this (healthy step 0:
-    # 3.2e-3, later 1e-4 .. 1e-3; lr 1e-2: 0.31, 0.064) ...
-    approx_kl_high: float = 0.03
+    # Learning rate too high: approx_kl within the first `early_steps` steps above approx_kl_high. Healthy
+    # first steps: 3e-3 (chapter) .. 3e-2 (reference trainer); lr 10x: 0.31 (chapter) .. 0.84 (reference).
+    # 0.1 nats/token is 30x the chapter's healthy range and twice the largest usual PPO target_kl (0.05).
+    approx_kl_high: float = 0.1
     early_steps: int = 3
-    # ... with malformed output rising (when logged): last window >= malformed_rise_factor x step 0 and
-    # >= step 0 + malformed_rise_abs (healthy: 0.06 -> 0.07; lr 1e-2: -> 2.9).
+    # ... with malformed output rising right after (when logged): its peak within early_steps + window steps
+    # >= malformed_rise_factor x step 0 and >= step 0 + malformed_rise_abs (healthy: stays < 0.1).
     malformed_rise_factor: float = 2.0
     malformed_rise_abs: float = 0.1
 
@@ -68,9 +72,14 @@ class Thresholds:
     reward_drop_abs: float = 0.05
     reward_drop_rel: float = 0.5
 
-    # kl_ref exactly 0 with a KL coefficient set (healthy KL 0.1: 0.014 -> 0.057).
+    # KL to the reference with a KL coefficient set: exactly 0 (|kl_ref| <= kl_ref_zero_tol at >= kl_ref_min_steps
+    # steps), or, after min_trend_steps, no more than kl_ref_vs_approx_kl x one update's own drift (approx_kl)
+    # over the last window. A frozen reference's KL accumulates the drift of every update (chapter KL 0.1:
+    # 0.014 -> 0.057 with approx_kl ~4e-4; reference trainer: 0 -> 1.2 with approx_kl ~0.05); a "reference"
+    # that is the live policy, or its snapshot at the start of each update, stays at one update's drift.
     kl_ref_zero_tol: float = 1e-10
     kl_ref_min_steps: int = 2
+    kl_ref_vs_approx_kl: float = 2.0
 
     # Dead update: grad_norm at most this at dead_min_steps steps (healthy: 0.15 .. 0.3).
     grad_zero_tol: float = 1e-12
@@ -232,29 +241,41 @@ def ratio_stuck_rule(history, th: Thresholds, ctx: Context) -> Symptom | None:
                    "old log-probs recomputed every minibatch", ("ratio_max", "clip_frac"))
 
 
-@rule("kl_ref_zero", "KL to the reference is exactly 0 although a KL coefficient is set", ("kl_ref",),
-      ("kl_ref", "kl_coef"))
+@rule("kl_ref_zero", "KL to the reference stays at 0 (or at one update's drift) although a KL coefficient is set",
+      ("kl_ref",), ("kl_ref", "kl_coef", "approx_kl", "logp_gap"))
 def kl_ref_zero_rule(history, th: Thresholds, ctx: Context) -> Symptom | None:
     kl = series(history, "kl_ref")
     coef = ctx.kl_coef
-    assumed = False
     if coef is None:
         logged = series(history, "kl_coef")
-        if logged:
-            coef = max(v for _, v in logged)
-        else:
-            coef, assumed = None, True  # the chapter logs kl_ref only when a KL term is set
+        coef = max(v for _, v in logged) if logged else None  # None: the chapter logs kl_ref only with a KL term
     if (coef is not None and coef <= 0) or len(kl) < th.kl_ref_min_steps:
         return None
-    if any(abs(v) > th.kl_ref_zero_tol for _, v in kl):
-        return None
-    evidence = {"kl_ref_max_abs": _g(max(abs(v) for _, v in kl)), "steps": len(kl),
-                "kl_coef": coef if coef is not None else "not logged; assumed set because kl_ref is logged"}
-    return Symptom("kl_ref_zero", ["RLG008"], [s for s, _ in kl], evidence,
-                   "The KL reference is the live policy (ref = model, a shallow copy, shared storage, or the "
-                   "reference in the optimizer), so the KL term is 0 and does nothing (RLG008): build it with "
-                   "copy.deepcopy(model).eval() and requires_grad_(False).",
-                   "the KL reference is the live policy", ("kl_ref",))
+    evidence: dict[str, Any] = {
+        "kl_coef": coef if coef is not None else "not logged; assumed set because kl_ref is logged"}
+    if all(abs(v) <= th.kl_ref_zero_tol for _, v in kl):
+        evidence.update(kl_ref_max_abs=_g(max(abs(v) for _, v in kl)), steps=len(kl), tolerance=th.kl_ref_zero_tol)
+        steps = [s for s, _ in kl]
+    else:
+        drift = series(history, "approx_kl")
+        if not (_enough(kl, th) and _enough(drift, th)):
+            return None
+        _, k1, w = ends(kl, th.window)
+        _, d1, _ = ends(drift, th.window)
+        if k1 > th.kl_ref_vs_approx_kl * d1:
+            return None
+        gap = dict(series(history, "logp_gap"))
+        if any(gap.get(s, 0.0) > th.logp_gap_max for s, _ in drift[-w:]):
+            return None  # approx_kl then measures the sampler/trainer gap, not one update's drift
+        evidence.update(kl_ref_last=_g(k1), approx_kl_last=_g(d1), kl_ref_vs_approx_kl=th.kl_ref_vs_approx_kl,
+                        kl_ref_range=[_g(min(v for _, v in kl)), _g(max(v for _, v in kl))])
+        steps = [s for s, _ in kl[-w:]]
+    return Symptom("kl_ref_zero", ["RLG008"], steps, evidence,
+                   "The KL term compares the policy with itself: the reference is the live policy (ref = model, a "
+                   "shallow copy, shared storage, the reference in the optimizer) or its log-probs are recomputed "
+                   "from the live weights (RLG008). Build it once with copy.deepcopy(model).eval() and "
+                   "requires_grad_(False); a frozen reference's KL grows as training moves away from it.",
+                   "the KL reference is the live policy", ("kl_ref", "approx_kl"))
 
 
 @rule("non_finite", "a metric is NaN or infinite", ())
@@ -288,9 +309,9 @@ def approx_kl_early_rule(history, th: Thresholds, ctx: Context) -> Symptom | Non
     bad = series(history, "malformed")
     if bad:
         start = bad[0][1]
-        _, last, _ = ends(bad, th.window)
-        evidence["malformed"] = [_g(start), _g(last)]
-        if not (last >= th.malformed_rise_factor * start and last >= start + th.malformed_rise_abs):
+        peak = max(v for _, v in bad[1:th.early_steps + th.window] or bad[:1])
+        evidence["malformed"] = [_g(start), _g(peak)]
+        if not (peak >= th.malformed_rise_factor * start and peak >= start + th.malformed_rise_abs):
             return None
     ent = series(history, "entropy")
     if len(ent) >= 2:
@@ -330,7 +351,8 @@ def entropy_collapse_rule(history, th: Thresholds, ctx: Context) -> Symptom | No
                    ("entropy", "zero_adv_frac", "reward"))
 
 
-@rule("reward_hacking", "reward rises while the held-out pass rate falls", ("reward", "eval_pass"),
+@rule("reward_hacking", "reward rises while the held-out pass rate falls (or stays flat as a hacking extra rises)",
+      ("reward", "eval_pass"),
       ("reward", "eval_pass", "hardcode"))
 def reward_hacking_rule(history, th: Thresholds, ctx: Context) -> Symptom | None:
     rew, ev = series(history, "reward"), series(history, "eval_pass")
@@ -338,7 +360,7 @@ def reward_hacking_rule(history, th: Thresholds, ctx: Context) -> Symptom | None
         return None
     r0, r1, _ = ends(rew, th.window)
     e0, e1 = ev[0][1], ev[-1][1]
-    if r1 - r0 < th.reward_rise or e0 - e1 < th.eval_drop:
+    if r1 - r0 < th.reward_rise or e1 > e0:
         return None
     evidence: dict[str, Any] = {"reward": [_g(r0), _g(r1)], "eval_pass": [_g(e0), _g(e1)],
                                 "reward_rise": th.reward_rise, "eval_drop": th.eval_drop}
@@ -348,13 +370,16 @@ def reward_hacking_rule(history, th: Thresholds, ctx: Context) -> Symptom | None
         if len(pts) >= 2:
             h0, h1, _ = ends(pts, th.window)
             evidence[key] = [_g(h0), _g(h1)]
-            if h1 > h0:
+            if h1 - h0 >= th.hack_rise:
                 rising.append(key)
+    if e0 - e1 < th.eval_drop and not rising:
+        return None  # held-out flat and no hacking extra rose: not enough to call it hacking
     advice = ("The reward pays for something other than the task: compare what it checks with the held-out "
               "success criterion (public vs hidden tests), and read a few high-reward episodes.")
     if rising:
         advice += f" {', '.join(rising)} rose with the reward: the policy takes that shortcut."
-    steps = [s for s, v in ev[1:] if v <= e0 - th.eval_drop]
+    steps = [s for s, v in ev[1:] if v <= e0 - th.eval_drop] if e0 - e1 >= th.eval_drop else \
+        [s for s, v in ev[1:] if v <= e0]
     return Symptom("reward_hacking", [], steps, evidence, advice, "reward hacking",
                    ("reward", "eval_pass", *[k for k in th.hack_keys if series(history, k)]))
 

@@ -323,3 +323,42 @@ def test_thresholds_are_overridable():
         Thresholds.parse(["no_such=1"])
     with pytest.raises(ValueError):
         Thresholds.parse(["window=abc"])
+
+
+def test_kl_ref_that_never_accumulates_fires_like_an_exact_zero():
+    """A reference snapshotted from the live policy at each update: kl_ref stays at one update's drift."""
+    h, _ = fault("ref_is_policy")
+    h = healthy(n=16, seed=12)
+    snapshot = with_series(h, kl_coef=lambda t: 0.02, approx_kl=lambda t: 0.05,
+                           kl_ref=noisy([-0.03] * 16, 0.02, 12))
+    s = diagnose(snapshot).symptoms[0]
+    assert s.rule == "kl_ref_zero" and s.steps == list(range(12, 16)) and s.evidence["approx_kl_last"] == 0.05
+    frozen = with_series(snapshot, kl_ref=ramp(0.0, 1.2, 16))  # a frozen reference: KL grows past the drift
+    assert "kl_ref_zero" not in fired(diagnose(frozen))
+    assert "kl_ref_zero" not in fired(diagnose(snapshot[:7]))  # too early to call a trend
+
+
+def test_reward_hacking_with_flat_held_out_needs_a_rising_hack_extra():
+    """The base policy passes nothing held-out, so it cannot fall: reward up, held-out flat at 0, hardcode up."""
+    h, _ = fault("public_reward")
+    flat = with_eval(h, [0.0, 0.0, 0.0, 0.0])
+    s = diagnose(flat).symptoms[0]
+    assert s.rule == "reward_hacking" and s.evidence["eval_pass"] == [0.0, 0.0]
+    no_hack = with_series(flat, hardcode=lambda t: 0.05)
+    assert "reward_hacking" not in fired(diagnose(no_hack))  # flat held-out alone is not hacking
+    assert "reward_hacking" in fired(diagnose(with_series(h, hardcode=lambda t: 0.05)))  # a held-out fall is
+
+
+def test_approx_kl_early_reads_the_malformed_spike_right_after_the_jump():
+    """A run that recovers: malformed jumps in the steps after the big update, then falls back."""
+    h, _ = fault("lr_high")
+    recovered = with_series(h, malformed=[0.004, 1.14, 0.65, 0.39, 0.14, 0.09, 0.07, 0.05])
+    assert fired(diagnose(recovered))[0] == "approx_kl_early"
+    healthy_kl = with_series(recovered, approx_kl=[0.03, 0.014, 0.005, 0.007, 0.007, 0.003, 0.005, 0.009])
+    assert "approx_kl_early" not in fired(diagnose(healthy_kl))  # the reference trainer's healthy first steps
+
+
+def test_kl_ref_drift_comparison_defers_to_logp_gap():
+    h = with_series(healthy(n=16, seed=13), kl_coef=lambda t: 0.02, kl_ref=ramp(0.0, 0.07, 16),
+                    approx_kl=lambda t: 38.0, logp_gap=lambda t: 8.6)  # the shifted mask's approx_kl
+    assert fired(diagnose(h)) == ["logp_gap"]
