@@ -192,7 +192,10 @@ def find_config(start: Path) -> Path | None:
             try:
                 data = _read_toml(candidate)
             except ConfigError:
-                continue  # someone else's broken pyproject is not ours to report, unless it has our table
+                # someone else's broken pyproject is not ours to report, unless it has our table
+                if "tool.rlguard" in candidate.read_text(encoding="utf-8", errors="replace"):
+                    raise
+                continue
             if "rlguard" in data.get("tool", {}):
                 return candidate
     return None

@@ -63,6 +63,10 @@ def noqa_codes(line: str) -> set[str] | None:
     return {c.strip().upper() for c in codes.split(",")} if codes else set()
 
 
+def _mentions_extra_names(vocabulary: Vocabulary, source: str) -> bool:
+    return any(name in source for names in vocabulary.extra.values() for name in names)
+
+
 def _parse_error(path: str, message: str, line: int = 1, col: int = 1) -> Finding:
     code = CODES[PARSE_ERROR]
     return Finding(path, line, col, line, col, code.code, code.name, message, "error")
@@ -83,7 +87,8 @@ def decode(data: bytes, path: str) -> tuple[str | None, Finding | None]:
         return data.decode("utf-8-sig"), None
     except UnicodeDecodeError as exc:
         line = data[: exc.start].count(b"\n") + 1
-        return None, _parse_error(path, f"not UTF-8: byte {data[exc.start]:#04x} at offset {exc.start}", line)
+        col = exc.start - data.rfind(b"\n", 0, exc.start)  # 1-based, in bytes
+        return None, _parse_error(path, f"not UTF-8: byte {data[exc.start]:#04x} at offset {exc.start}", line, col)
 
 
 def lint_source(source: str, path: str = "<string>", rules: Iterable[type[Rule]] | None = None,
@@ -95,6 +100,8 @@ def lint_source(source: str, path: str = "<string>", rules: Iterable[type[Rule]]
     lowered, memo = source.lower(), {}
     # the literal words a trigger needs are checked first (memory speed); the trigger regex only where they are
     candidates = [r for r in rule_classes if prescan.may_fire(r._trigger_re, lowered, memo) and r.may_fire(source)]
+    if len(candidates) < len(rule_classes) and vocabulary is not None and _mentions_extra_names(vocabulary, source):
+        candidates = rule_classes  # the triggers know the built-in names only, not the user's own
     if not candidates:
         error = _syntax_error_finding(path, source)
         if error is not None:

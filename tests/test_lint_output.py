@@ -1,0 +1,133 @@
+"""Output formats, parsed and checked field by field: JSON, SARIF 2.1.0 (GitHub code scanning) and GitHub
+workflow annotations (with the workflow-commands escaping)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from rlguard import __version__
+from rlguard.catalog import CODES
+from rlguard.cli import main
+from rlguard.lint import all_rules
+from rlguard.lint.output import escape_data, escape_property, github, render
+from rlguard.lint.rule import Finding
+from rlguard.lint.runner import LintReport
+
+ENTROPY_BUG = "import torch\nloss = pg_loss + ent_coef * entropy.mean()\n"
+
+
+@pytest.fixture
+def project(tmp_path, monkeypatch):
+    (tmp_path / "pyproject.toml").write_text("[tool.rlguard]\n")
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "train.py").write_text(ENTROPY_BUG)
+    (tmp_path / "broken.py").write_text("def f(:\n")
+    (tmp_path / "ok.py").write_text("x = 1\n")
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def run(capsys, fmt):
+    code = main(["lint", "--no-cache", "--format", fmt])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_json_is_a_list_of_findings_with_exact_keys(project, capsys):
+    code, out, _ = run(capsys, "json")
+    assert code == 1
+    data = json.loads(out)
+    assert isinstance(data, list) and len(data) == 2
+    for item in data:
+        assert set(item) == {"path", "line", "col", "end_line", "end_col", "code", "name", "message", "severity"}
+    broken, bug = data
+    assert broken == {"path": "broken.py", "line": 1, "col": 7, "end_line": 1, "end_col": 7, "code": "RLG900",
+                      "name": "syntax-error", "message": broken["message"], "severity": "error"}
+    assert broken["message"].startswith("syntax error")
+    assert bug["path"] == "pkg/train.py"
+    assert (bug["line"], bug["col"], bug["end_line"], bug["end_col"]) == (2, 18, 2, 43)  # 1-based, end exclusive
+    assert (bug["code"], bug["name"], bug["severity"]) == ("RLG004", "entropy-bonus-sign", "error")
+    assert "entropy is added to a minimised loss" in bug["message"]
+    # the span covers exactly the flagged term
+    line = ENTROPY_BUG.splitlines()[1]
+    assert line[bug["col"] - 1:bug["end_col"] - 1] == "ent_coef * entropy.mean()"
+
+
+def test_json_clean_is_an_empty_list(tmp_path, monkeypatch, capsys):
+    (tmp_path / "ok.py").write_text("x = 1\n")
+    monkeypatch.chdir(tmp_path)
+    code = main(["lint", "--no-cache", "--isolated", "--format", "json"])
+    assert code == 0 and json.loads(capsys.readouterr().out) == []
+
+
+def test_sarif_run_tool_rules_and_results(project, capsys):
+    code, out, _ = run(capsys, "sarif")
+    assert code == 1
+    sarif = json.loads(out)
+    assert sarif["version"] == "2.1.0"
+    assert sarif["$schema"].endswith("sarif-2.1.0.json")
+    assert len(sarif["runs"]) == 1
+    run_ = sarif["runs"][0]
+    driver = run_["tool"]["driver"]
+    assert driver["name"] == "rlguard" and driver["version"] == __version__
+    assert driver["informationUri"].startswith("https://")
+    rules = driver["rules"]
+    ids = [r["id"] for r in rules]
+    assert ids == sorted(set(all_rules()) | {"RLG900"})  # one entry per code the linter reports
+    for rule in rules:
+        entry = CODES[rule["id"]]
+        assert rule["name"] == entry.name
+        assert rule["shortDescription"]["text"] == entry.summary
+        assert rule["fullDescription"]["text"] and "\n" not in rule["fullDescription"]["text"]
+        assert rule["helpUri"] == entry.help_uri and rule["helpUri"].endswith(f"docs/rules/{rule['id']}.md")
+        assert rule["help"]["markdown"].startswith(f"# {rule['id']} {entry.name}")
+        assert rule["defaultConfiguration"]["level"] in ("error", "warning", "note")
+    results = run_["results"]
+    assert [r["ruleId"] for r in results] == ["RLG900", "RLG004"]
+    for result in results:
+        assert ids[result["ruleIndex"]] == result["ruleId"]
+        assert result["level"] == "error"
+        assert result["message"]["text"]
+        (location,) = result["locations"]
+        assert set(location["physicalLocation"]) == {"artifactLocation", "region"}
+    region = results[1]["locations"][0]["physicalLocation"]["region"]
+    assert results[1]["locations"][0]["physicalLocation"]["artifactLocation"]["uri"] == "pkg/train.py"
+    assert region == {"startLine": 2, "startColumn": 18, "endLine": 2, "endColumn": 43}
+    assert run_["invocations"] == [{"executionSuccessful": True}]
+
+
+def test_sarif_levels_follow_severity():
+    info = Finding("a.py", 1, 1, 1, 2, "RLG010", "length-bias", "m", "info")
+    warn = Finding("a.py", 2, 1, 2, 2, "RLG004", "entropy-bonus-sign", "m", "warning")
+    sarif = json.loads(render(LintReport(findings=[info, warn], files_checked=1), "sarif"))
+    assert [r["level"] for r in sarif["runs"][0]["results"]] == ["note", "warning"]
+
+
+def test_github_annotations(project, capsys):
+    code, out, _ = run(capsys, "github")
+    assert code == 1
+    lines = out.splitlines()
+    assert lines[0].startswith("::error file=broken.py,line=1,col=7,endLine=1,endColumn=7,title=RLG900 syntax-error::")
+    assert lines[1].startswith(
+        "::error file=pkg/train.py,line=2,col=18,endLine=2,endColumn=43,title=RLG004 entropy-bonus-sign::entropy is")
+    assert lines[2].startswith("Found 2 findings")
+
+
+def test_github_escaping_and_levels():
+    assert escape_data("50% a\r\nb") == "50%25 a%0D%0Ab"
+    assert escape_property("a:b,c%") == "a%3Ab%2Cc%25"
+    f = Finding("dir,x/we:ird.py", 3, 4, 5, 6, "RLG010", "length-bias", "line one\nline two: 100%", "info")
+    text = github(LintReport(findings=[f], files_checked=1))
+    assert text.splitlines()[0] == ("::notice file=dir%2Cx/we%3Aird.py,line=3,col=4,endLine=5,endColumn=6,"
+                                    "title=RLG010 length-bias::line one%0Aline two: 100%25")
+
+
+def test_text_summary_wording():
+    a = Finding("a.py", 1, 1, 1, 2, "RLG004", "entropy-bonus-sign", "m", "error")
+    b = Finding("b.py", 1, 1, 1, 2, "RLG001", "mask-not-shifted", "m", "error")
+    report = LintReport(findings=[a, a, b], suppressed=[a], files_checked=12)
+    assert render(report, "text").splitlines()[-1] == (
+        "Found 3 findings in 2 of 12 files (RLG001: 1, RLG004: 2); 1 suppressed by noqa")
+    assert render(LintReport(files_checked=12), "text") == "All checks passed: 12 files, no findings\n"
