@@ -146,6 +146,61 @@ CLEAN = {
                     loss.backward()
                 self.actor_optimizer.step()
     """,
+    "trl_ppo_update": """
+        import torch
+        import torch.nn.functional as F
+
+        def train(self, model, ref_policy, optimizer, accelerator, args, data):
+            with torch.no_grad():
+                query_response, logits = batch_generation(model, data["input_ids"])
+                all_logprob = F.log_softmax(logits, dim=-1)
+                logprobs = torch.gather(all_logprob, 2, responses.unsqueeze(-1)).squeeze(-1)
+                ref_output = forward(ref_policy, query_response, pad_token_id)
+                ref_logprobs = F.log_softmax(ref_output.logits, dim=-1)
+                full_value, _, _ = get_reward(model.value_model, query_response, pad_token_id)
+                values = full_value[:, context_length - 1:-1].squeeze(-1)
+                advantages = torch.stack(advantages_reversed[::-1], axis=1)
+                returns = advantages + values
+                advantages = masked_whiten(advantages, ~padding_mask)
+            for ppo_epoch_idx in range(args.num_ppo_epochs):
+                b_inds = np.random.permutation(args.local_batch_size)
+                for mini_batch_start in range(0, args.local_batch_size, args.local_mini_batch_size):
+                    mini_batch_inds = b_inds[mini_batch_start:mini_batch_start + args.local_mini_batch_size]
+                    for micro_batch_start in range(0, args.local_mini_batch_size, args.per_device_train_batch_size):
+                        with accelerator.accumulate(model):
+                            micro_batch_inds = mini_batch_inds[micro_batch_start:micro_batch_start + 4]
+                            mb_advantage = advantages[micro_batch_inds]
+                            mb_logprobs = logprobs[micro_batch_inds]
+                            output, vpred_temp = forward(model, query_responses[micro_batch_inds], pad_token_id)
+                            new_all_logprobs = F.log_softmax(output.logits, dim=-1)
+                            new_logprobs = torch.gather(new_all_logprobs, 2, mb_responses.unsqueeze(-1)).squeeze(-1)
+                            logprobs_diff = new_logprobs - mb_logprobs
+                            ratio = torch.exp(logprobs_diff)
+                            pg_losses = -mb_advantage * ratio
+                            pg_loss = masked_mean(pg_losses, ~padding_mask[micro_batch_inds])
+                            loss = pg_loss + args.vf_coef * vf_loss
+                            accelerator.backward(loss)
+                            optimizer.step()
+                            optimizer.zero_grad()
+    """,
+    "rloo_single_update_per_rollout": """
+        import torch
+
+        def train(policy, ref_policy, optimizer, loader, k):
+            for batch in loader:
+                ids = policy.generate(batch["prompt_ids"])
+                with torch.no_grad():
+                    ref_logprobs = token_logprobs(ref_policy, ids)
+                    rewards = reward_model(ids) - 0.05 * (logprobs_of(policy, ids) - ref_logprobs).sum(1)
+                    rewards = rewards.view(k, -1)
+                    baseline = (rewards.sum(0) - rewards) / (k - 1)
+                    advantages = (rewards - baseline).flatten()
+                logp = token_logprobs(policy, ids)
+                loss = -(advantages[:, None] * logp * ids.ne(0)).sum() / ids.ne(0).sum()
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+    """,
 }
 
 BUGGY = {

@@ -145,7 +145,8 @@ def holds_update(ctx: ModuleContext, loop: Loop) -> bool:
 
 
 def header_words(ctx: ModuleContext, loop: Loop) -> list[str]:
-    """Names in a loop's header: the target, the iterable, the names and called functions in it."""
+    """Names in a loop's header: the target, the iterable, the names and called functions in it (not the
+    strings: ``tqdm(loader, desc="epoch")`` says nothing about the loop)."""
     words: list[str] = []
     parts: list[cst.CSTNode] = [loop.test] if isinstance(loop, cst.While) else [loop.target, loop.iter]
     stack = list(parts)
@@ -156,10 +157,6 @@ def header_words(ctx: ModuleContext, loop: Loop) -> list[str]:
         elif isinstance(node, cst.Attribute):
             words.append(node.attr.value)
             stack.append(node.value)
-        elif isinstance(node, cst.SimpleString):
-            text = node.evaluated_value
-            if isinstance(text, str):
-                words.append(text)
         else:
             stack.extend(node.children)
     return words

@@ -65,7 +65,7 @@ class DetachedTargets(Rule):
     code = "RLG003"
     triggers = (r"(?i)(old|ref|reference|behaviou?r|base|init|rollout|sampl\w*|mu)_?(per_token_)?log_?p|"
                 r"advantage|\badvs?\b|\breturns\s*[=,)]|\bvalue_targets\b|"
-                r"(ref|reference|initial|init|frozen)_?(model|policy|actor)")
+                r"\b(ref|reference|initial|init|frozen)_(model|policy|actor)\b|\bref_?policy\b")
     fixable = True
 
     VALID = [
@@ -106,6 +106,8 @@ class DetachedTargets(Rule):
               "    _, old_logp, _, value = agent.get_action_and_value(obs)\n", "set_grad_enabled(False)"),
         Valid("logp = compute_logp(policy, ids)\n"
               "ratio = torch.exp(logp - old_logp)\n", "current log-probs carry grad, as they must"),
+        Valid("advantages = returns - self.critic(obs)\n"
+              "advantages = advantages.detach()\n", "detached on the next line"),
     ]
     INVALID = [
         Invalid("old_logp = compute_logp(model, ids)\n", line=1,
@@ -166,7 +168,7 @@ class DetachedTargets(Rule):
                 if not forwards or not all(is_reference_forward(ctx, f) for f in forwards):
                     continue
                 role = "ref_logp"
-            if not forwards:
+            if not forwards or _detached_later(ctx, element, stmt):
                 return
             name = ctx.module.code_for_node(element)
             message = (f"{WHAT[role]} `{name}` are computed with autograd on, so gradient flows through a "
@@ -188,6 +190,24 @@ def _target_role(ctx: ModuleContext, target: cst.BaseExpression) -> str | None:
         if role in roles:
             return role
     return None
+
+
+def _detached_later(ctx: ModuleContext, target: cst.BaseExpression, stmt: cst.CSTNode) -> bool:
+    """``adv = returns - values`` followed by ``adv = adv.detach()`` (or ``adv.detach_()``): only the final
+    value is the target."""
+    name = dotted_name(target)
+    if name is None:
+        return False
+    for a in ctx.assignments_to(name, stmt):
+        if a.index > ctx.order[id(stmt)] and a.value is not None and ".detach()" in ctx.module.code_for_node(a.value):
+            return True
+    scope = ctx.enclosing_function(stmt) or ctx.module
+    for call in ctx.nodes(cst.Call):
+        if isinstance(call.func, cst.Attribute) and call.func.attr.value == "detach_" and \
+                dotted_name(call.func.value) == name and ctx.comes_before(stmt, call) and \
+                (ctx.enclosing_function(call) or ctx.module) is scope:
+            return True
+    return False
 
 
 def _logp_named(target: cst.BaseExpression) -> bool:

@@ -70,7 +70,9 @@ class AccumulationScale(Rule):
     """
 
     code = "RLG006"
-    triggers = r"\.backward\s*\("
+    # both a backward and some accumulation vocabulary (lookaheads at the start: one linear scan each)
+    triggers = (r"(?is)\A(?=.*?\.backward\s*\()"
+                r"(?=.*?(accum|micro|\.chunk\(|\.split\(|\bmbs?\b|\bparts\b|\bn_chunks\b))")
 
     VALID = [
         Valid("total_tokens = mask.sum()\n"
@@ -184,7 +186,7 @@ def _backward_loss(call: cst.Call) -> cst.BaseExpression | None:
     if recv is None:
         return None
     name = dotted_name(recv) or ""
-    if call.args and re.search(r"(?i)accelerator|engine|strategy|fabric|self$|model", name):
+    if call.args and re.search(r"(?i)accelerator|engine|strategy|fabric|self$|model|autograd", name):
         loss = call.args[0].value
     else:
         loss = recv
