@@ -272,7 +272,22 @@ def contract(fn: Callable | None = None, *, check_every: int = 1, typechecker: A
     return apply(fn) if fn is not None else apply
 
 
-def _shape_failure(fail: tuple, lookup: Callable[[str], Any], b: dict, src: dict) -> Violation:
+def _explain(specs: list[TensorSpec], lookup: Callable[[str], Any]) -> Violation:
+    """The message of a shape/dtype failure: the fast path only says that it failed, this says where and why.
+
+    Re-runs both phases with the explaining checks over the same values (pure functions of the shapes).
+    """
+    b: dict[str, Any] = {}
+    src: dict[str, str] = {}
+    deferred: list = []
+    for spec in specs:
+        x = lookup(spec.argument)
+        problem = spec.check(x, b, src, deferred)
+        if problem is not None:
+            return spec.violation(x, problem, b, src)
+    fail = check_deferred(deferred, b, src)
+    if fail is None:  # pragma: no cover - the fast and explaining paths disagree: a bug in rlguard
+        raise AssertionError("rlguard: fast shape check failed but the explanation found nothing")
     spec, problem, shift = fail
     code, hint = shift_hint(spec, shift) if shift else ("RLG000", None)
     return spec.violation(lookup(spec.argument), problem, b, src, code=code, hint=hint)
@@ -314,19 +329,14 @@ def _wrap(fn: Callable, plan: Plan) -> Callable:
         counter[0] += 1
         due = check_every == 1 or counter[0] % check_every == 1
         b: dict[str, Any] = {}
-        src: dict[str, str] = {}
         deferred: list = []
         for spec in in_specs:
-            x = values[spec.argument]
-            problem = spec.check(x, b, src, deferred)
-            if problem is not None:
-                report([spec.violation(x, problem, b, src)])
+            if not spec.fast(values[spec.argument], b, deferred):
+                report([_explain(in_specs, values.__getitem__)])
                 return fn(*args, **kwargs)  # warn mode: no further checks on a misshapen call
-        if deferred:
-            fail = check_deferred(deferred, b, src)
-            if fail is not None:
-                report([_shape_failure(fail, values.__getitem__, b, src)])
-                return fn(*args, **kwargs)
+        if deferred and check_deferred(deferred, b, None) is not None:
+            report([_explain(in_specs, values.__getitem__)])
+            return fn(*args, **kwargs)
         violations: list[Violation] = []
         for pname, hint in type_checks:
             x = values[pname]
@@ -350,7 +360,7 @@ def _wrap(fn: Callable, plan: Plan) -> Callable:
                     v = m.check(values[pname], call)
                     if v is not None:
                         violations.append(v)
-            for pname, m in timed:
+            for pname, m in (timed if call.guard is not None else ()):
                 v = m.check(values[pname], call)
                 if v is not None:
                     violations.append(v)
@@ -358,29 +368,25 @@ def _wrap(fn: Callable, plan: Plan) -> Callable:
             report(violations)
         out = fn(*args, **kwargs)
         if ret_specs or ret_markers:
-            _check_return(out, b, src, deferred, call, due, ret_specs, ret_markers, qualname, values)
+            _check_return(out, b, call, due, qualname, values)
         return out
 
-    def _check_return(out: Any, b: dict, src: dict, deferred: list, call: Any, due: bool,
-                      ret_specs: list, ret_markers: list, qualname: str, values: dict) -> None:
+    def _check_return(out: Any, b: dict, call: Any, due: bool, qualname: str, values: dict) -> None:
         def element(k: int | None) -> Any:
             if k is None:
                 return out
             return out[k] if isinstance(out, (tuple, list)) and len(out) > k else None
 
-        deferred.clear()
-        for k, spec in ret_specs:
-            x = element(k)
-            problem = spec.check(x, b, src, deferred)
-            if problem is not None:
-                report([spec.violation(x, problem, b, src)])
-                return
-        if deferred:
-            fail = check_deferred(deferred, b, src)
-            if fail is not None:
-                by_name = {s.argument: k for k, s in ret_specs}
-                report([_shape_failure(fail, lambda a: element(by_name[a]), b, src)])
-                return
+        deferred: list = []
+        ok = all(spec.fast(element(k), b, deferred) for k, spec in ret_specs)
+        if not ok or (deferred and check_deferred(deferred, b, None) is not None):
+            by_name = {s.argument: k for k, s in ret_specs}
+
+            def lookup(a: str) -> Any:
+                return element(by_name[a]) if a in by_name else values[a]
+
+            report([_explain(in_specs + [s for _, s in ret_specs], lookup)])
+            return
         if not ret_markers:
             return
         if call is None:

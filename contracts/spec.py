@@ -136,7 +136,7 @@ class TensorSpec:
     """One tensor argument (or return element) compiled: what ``check`` needs, nothing re-parsed per call."""
 
     __slots__ = ("argument", "function", "label", "dim_str", "dtypes", "dtype_label", "ops", "ndim",
-                 "variadic", "var_index", "optional", "kind", "plain_names", "sym_names", "inverse_names")
+                 "variadic", "var_index", "optional", "kind", "plain_names", "sym_names", "inverse_names", "fast")
 
     def __init__(self, annotation: Any, argument: str, function: str, optional: bool = False) -> None:
         where = f"{function}(), argument {argument!r}"
@@ -191,6 +191,49 @@ class TensorSpec:
             else:  # pragma: no cover - a jaxtyping we do not know
                 raise ContractDefinitionError(f"{where}: unknown dim {d!r} in {self.dim_str!r}")
         self.ops = tuple(ops)
+        self.fast = self._compile_fast()
+
+    def _compile_fast(self) -> Any:
+        """Generate ``fast(x, b, deferred) -> bool``: phase 1 unrolled into straight-line Python.
+
+        It only says pass/fail (no message); on a failure the decorator re-runs :meth:`check` to explain it.
+        Specs with variadic dims use :meth:`check` directly.
+        """
+        if self.var_index is not None:
+            def fast(x: Any, b: dict, deferred: list, _check: Any = self.check) -> bool:
+                return _check(x, b, {}, deferred) is None
+
+            return fast
+        ns: dict[str, Any] = {"_T": torch.Tensor, "_D": self.dtypes, "_spec": self}
+        lines = ["def fast(x, b, deferred):",
+                 "    if not isinstance(x, _T):",
+                 f"        return x is None and {self.optional!r}"]
+        if self.dtypes is not None:
+            lines.append("    if x.dtype not in _D: return False")
+        names = [f"d{i}" for i in range(self.ndim)]
+        if self.ndim:  # unpacking checks the rank and reads the sizes in one step
+            lines += ["    try:", f"        {', '.join(names)}, = x.shape", "    except ValueError:",
+                      "        return False"]
+        else:
+            lines.append("    if x.dim() != 0: return False")
+        for k, (axis, kind, p, bc) in enumerate(self.ops):
+            axis = names[axis]
+            ind = "    "
+            if bc:
+                lines.append(f"    if {axis} != 1:")
+                ind = "        "
+            if kind == NAMED:
+                lines += [f"{ind}v = b.get({p!r})",
+                          f"{ind}if v is None: b[{p!r}] = {axis}",
+                          f"{ind}elif v != {axis}: return False"]
+            elif kind == FIXED:
+                lines.append(f"{ind}if {axis} != {p!r}: return False")
+            else:
+                ns[f"_e{k}"] = p
+                lines.append(f"{ind}deferred.append((_spec, {axis[1:]}, {axis}, _e{k}, False))")
+        lines.append("    return True")
+        exec(compile("\n".join(lines), f"<rlguard spec {self.function}:{self.argument}>", "exec"), ns)  # noqa: S102
+        return ns["fast"]
 
     # -- per call -------------------------------------------------------------------------------------------
     def check(self, x: Any, b: dict, src: dict, deferred: list) -> str | None:
@@ -242,7 +285,7 @@ class TensorSpec:
                                         bindings=b, sources=src, got=describe(x), hint=hint))
 
 
-def check_deferred(deferred: list, b: dict, src: dict) -> tuple[TensorSpec, str, str | None] | None:
+def check_deferred(deferred: list, b: dict, src: dict | None) -> tuple[TensorSpec, str, str | None] | None:
     """Phase 2: the symbolic dims of every tensor of the call, against the bindings of the whole call.
 
     Returns ``(spec, problem, hint_name)`` for the first failure: ``hint_name`` is the dim name of an
@@ -256,7 +299,8 @@ def check_deferred(deferred: list, b: dict, src: dict) -> tuple[TensorSpec, str,
             base = b.get(inv[0])
             if base is None:
                 b[inv[0]] = size - inv[1]
-                src[inv[0]] = spec.argument
+                if src is not None:
+                    src[inv[0]] = spec.argument
                 continue
             if base + inv[1] == size:
                 continue
