@@ -23,7 +23,7 @@ def lint_codes(paths: list[Path]) -> list[str] | None:
         try:
             codes |= {f.code for f in lint_paths([str(path)], cache=False)}
         except Exception as exc:  # noqa: BLE001 - the linter itself failed on this file
-            codes.add(f"error({path.name}: {str(exc)[:60]})")
+            codes.add(f"lint-error:{path.name}")
     return sorted(codes)
 
 

@@ -53,7 +53,7 @@ _FAULTS = [
     Fault("group_mean_batch", "RLG009", "advantages centred on the whole batch's mean instead of each group's",
           "group_advantages", "group_mean"),
     Fault("kl_sign", "RLG011", "KL penalty subtracted from the minimised loss", "compute_loss", "kl_direction"),
-    Fault("label_shift", "RLG012", "log-probs gathered from logits[:, t] against ids[:, t] (no shift)",
+    Fault("label_shift", "RLG012", "logits[:, :-1] gathered at ids[:, :-1]: logits[:, t] scored against ids[:, t]",
           "token_log_probs", "labels_shifted"),
     Fault("no_zero_grad", "RLG013", "optimizer.step() in the loop with no zero_grad", "update", "grads_zeroed"),
     Fault("trains_frozen", "RLG014", "the frozen position embedding is unfrozen and put in the optimizer",
