@@ -310,7 +310,9 @@ def _class_default(ctx: ModuleContext, attr: str) -> float | None:
     values = set()
     for cls in ctx.nodes(cst.ClassDef):
         for stmt in cls.body.body:
-            for small in getattr(stmt, "body", []):
+            if not isinstance(stmt, cst.SimpleStatementLine):  # methods and blocks hold no field defaults
+                continue
+            for small in stmt.body:
                 if isinstance(small, cst.AnnAssign) and isinstance(small.target, cst.Name) \
                         and small.target.value == attr and small.value is not None:
                     values.add(_resolve(ctx, small.value, 0))
