@@ -137,6 +137,12 @@ class GradNotZeroed(Rule):
               "for batch in loader:\n"
               "    model_engine.backward(model_engine(batch))\n"
               "    optimizer.step()\n", "DeepSpeed optimizer"),
+        Valid("for batch in loader:\n"
+              "    for o in (actor_opt, critic_opt):\n"
+              "        o.zero_grad()\n"
+              "    loss_fn(batch).backward()\n"
+              "    actor_opt.step()\n"
+              "    critic_opt.step()\n", "zeroed through a loop over the optimizers"),
         Valid("def hook(param):\n"
               "    for opt in param._in_backward_optimizers:\n"
               "        opt.step()\n"
@@ -256,7 +262,7 @@ def _zeroing(ctx: ModuleContext) -> list[tuple[cst.CSTNode, cst.BaseExpression |
         func_name = call.func.value if isinstance(call.func, cst.Name) else None
         recv = receiver(call)
         if name in ZERO_METHODS or (func_name and "zero_grad" in func_name):
-            opt = recv if recv is not None and is_optimizer(ctx, recv) else None
+            opt = recv if recv is not None and is_optimizer(ctx, recv) and not _loop_variable(ctx, recv) else None
             found.append((call, opt))
         elif name in GRAD_RESETS and recv is not None and _is_grad(recv):
             found.append((call, None))
@@ -308,3 +314,10 @@ def _names(expr: cst.CSTNode) -> set[str]:
         else:
             stack.extend(node.children)
     return found
+
+
+def _loop_variable(ctx: ModuleContext, expr: cst.BaseExpression) -> bool:
+    """``o`` in ``for o in (actor_opt, critic_opt): o.zero_grad()``: it stands for several optimizers."""
+    if not isinstance(expr, cst.Name):
+        return False
+    return any(isinstance(a.statement, (cst.For, cst.CompFor)) for a in ctx.assignments_to(expr.value, expr))
