@@ -61,7 +61,8 @@ def min_max_kind(ctx: ModuleContext, call: cst.Call) -> str | None:
 
 def reaching(ctx: ModuleContext, key: str, at: cst.CSTNode):
     """Like ``ctx.reaching_assignments`` but never the assignment ``at`` sits in (``x = -x`` reads the old x)."""
-    assigns = [a for a in ctx.assignments_to(key, at) if not ctx.contains(a.statement, at)]
+    assigns = [a for a in ctx.assignments_to(key, at)
+               if not ctx.contains(a.statement, at) and not exclusive_branches(ctx, a.statement, at)]
     if not assigns or key.startswith("self."):
         return assigns
     at_index = ctx.order[id(at)]
@@ -70,6 +71,44 @@ def reaching(ctx: ModuleContext, key: str, at: cst.CSTNode):
     for loop in ctx.enclosing_loops(at):
         reach += [a for a in assigns if a.index > at_index and ctx.contains(loop, a.statement)]
     return reach or assigns
+
+
+def exclusive_branches(ctx: ModuleContext, a: cst.CSTNode, b: cst.CSTNode) -> bool:
+    """Whether ``a`` and ``b`` sit in different branches of one ``if``/``else`` (never both run)."""
+    for anc in ctx.ancestors(a):
+        if isinstance(anc, (cst.FunctionDef, cst.ClassDef)):
+            return False
+        if isinstance(anc, cst.If) and anc.orelse is not None:
+            a_in_body = ctx.contains(anc.body, a)
+            if a_in_body and ctx.contains(anc.orelse, b):
+                return True
+            if not a_in_body and ctx.contains(anc.orelse, a) and ctx.contains(anc.body, b):
+                return True
+    return False
+
+
+BASELINE_NAME = re.compile(r"(?i)\w*(mean|avg|average|baseline|values?|vpreds?|v_preds?|bias)\w*|v|b|mu|base")
+
+
+def is_baseline(ctx: ModuleContext, term: cst.BaseExpression) -> bool:
+    """A term subtracted as a baseline: a mean, a value estimate (``values``, ``baseline``, ``rewards.mean()``)."""
+    for _ in range(4):
+        if isinstance(term, cst.Call):
+            func = term.func
+            called = func.attr.value if isinstance(func, cst.Attribute) else (
+                func.value if isinstance(func, cst.Name) else "")
+            return bool(BASELINE_NAME.fullmatch(called or "")) or called in ("mean", "nanmean")
+        name = value_name(term)
+        if name is None:
+            return False
+        if BASELINE_NAME.fullmatch(name.rsplit(".", 1)[-1]):
+            return True
+        key = dotted_name(term)
+        assigns = reaching(ctx, key, term) if key else []
+        if len(assigns) != 1 or assigns[0].value is None:
+            return False
+        term = assigns[0].value
+    return False
 
 
 def _terms(expr: cst.BaseExpression, sign: int = 1) -> list[tuple[int, cst.BaseExpression]]:
@@ -87,8 +126,10 @@ def _terms(expr: cst.BaseExpression, sign: int = 1) -> list[tuple[int, cst.BaseE
 class SignSearch:
     """One search for values matching ``matches`` (a predicate over names); ``sign_of`` is the entry point."""
 
-    def __init__(self, ctx: ModuleContext, matches: Matcher, stop: Callable[[str], bool] | None = None):
+    def __init__(self, ctx: ModuleContext, matches: Matcher, stop: Callable[[str], bool] | None = None,
+                 skip_term: Callable[[cst.BaseExpression], bool] | None = None):
         self.ctx = ctx
+        self.skip_term = skip_term  # terms of a sum to ignore (e.g. baselines: rewards - baseline)
         self.matches = matches
         self.stop = stop  # names never followed nor matched (e.g. coefficients)
         self.path: list[cst.CSTNode] = []  # assignment statements on the way to the current match
@@ -105,6 +146,8 @@ class SignSearch:
         terms = _terms(expr)
         if len(terms) > 1:
             for sign, term in terms:
+                if self.skip_term is not None and self.skip_term(term):
+                    continue
                 inner = self._sign(term, env, depth - 1)
                 if inner is not None:
                     return sign * inner
@@ -248,12 +291,13 @@ def role_stop(ctx: ModuleContext, *roles: str) -> Callable[[str], bool]:
 
 # ----- statements ----------------------------------------------------------------------------------------
 def sum_statements(ctx: ModuleContext) -> Iterator[tuple[cst.BaseExpression, cst.BaseExpression, cst.CSTNode]]:
-    """``target = value`` and ``target += / -= value`` (the latter as ``target = (-)value``, synthetic)."""
-    for stmt in ctx.nodes(cst.Assign):
-        if len(stmt.targets) == 1:
-            yield stmt.targets[0].target, stmt.value, stmt
-    for stmt in ctx.nodes(cst.AugAssign):
-        if isinstance(stmt.operator, (cst.AddAssign, cst.SubtractAssign)):
+    """``target = value`` and ``target += / -= value`` (the latter as ``target = (-)value``, synthetic), in
+    source order."""
+    for stmt in ctx.nodes(cst.Assign, cst.AugAssign):
+        if isinstance(stmt, cst.Assign):
+            if len(stmt.targets) == 1:
+                yield stmt.targets[0].target, stmt.value, stmt
+        elif isinstance(stmt.operator, (cst.AddAssign, cst.SubtractAssign)):
             negative = isinstance(stmt.operator, cst.SubtractAssign)
             value = cst.UnaryOperation(cst.Minus(), stmt.value) if negative else stmt.value
             yield stmt.target, value, stmt

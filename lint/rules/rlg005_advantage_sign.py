@@ -11,13 +11,14 @@ import libcst as cst
 from rlguard.lint.context import ModuleContext, dotted_name, iter_calls, receiver, value_name
 from rlguard.lint.rule import Invalid, Rule, Valid, Violation
 from rlguard.lint.rules._loss import is_minimised_loss
-from rlguard.lint.rules._signs import (REDUCTIONS, SIGN_KEEPING_FUNCTIONS, SIGN_KEEPING_METHODS, SignSearch,
-                                       _terms, min_max_kind, reaching, role_matcher, role_stop, sum_statements,
-                                       target_key)
+from rlguard.lint.rules._signs import (BASELINE_NAME, REDUCTIONS, SIGN_KEEPING_FUNCTIONS, SIGN_KEEPING_METHODS, SignSearch,
+                                       _terms, is_baseline, min_max_kind, reaching, role_matcher, role_stop,
+                                       sum_statements, target_key)
 
 WEIGHT_ROLES = ("advantages", "returns", "rewards")
 RATIO_NAME = re.compile(r"(?i)\w*ratios?\w*|rhos?|coef_[12]|is_weights?|importance_weights?")
-BASELINE_NAME = re.compile(r"(?i)\w*(mean|avg|average|baseline|values?|vpreds?|v_preds?|bias)\w*|v|b|mu|base")
+# clip bounds, not ratios: verl's clip_ratio_c, clip_ratio_low/high
+NOT_RATIO_NAME = re.compile(r"(?i)\w*clip_?ratio\w*|\w*ratio_(c|low|high|max|min|eps|clip|range)")
 COEF_ROLES = ("entropy_coef", "kl_coef")
 
 
@@ -70,7 +71,9 @@ class AdvantageSign(Rule):
     """
 
     code = "RLG005"
-    triggers = r"(?i:adv)|[*]\s*-?\s*(?:A|[Rr]eturns?|[Rr]ewards?)\b|\b(?:A|[Rr]eturns?|[Rr]ewards?)\s*[*]"
+    # every branch starts with a literal (Python's re scans those fast); the rule checks the roles itself
+    triggers = (r"advantage|Advantage|adv(?:s\b|_|\b)|\*\s*-?\s*(?:A|returns?|rewards?)\b"
+                r"|(?:returns?|rewards?)\s*\*\s*\w*(?:ratio|log_?prob|logp)|A\s*\*\s*\w*(?:ratio|log_?prob|logp)")
 
     VALID = [
         Valid("ratio = torch.exp(logp - old_logp)\n"
@@ -121,8 +124,10 @@ class AdvantageSign(Rule):
     ]
 
     def check(self, ctx: ModuleContext) -> Iterator[Violation]:
-        weight = SignSearch(ctx, role_matcher(ctx, *WEIGHT_ROLES, exclude=COEF_ROLES), role_stop(ctx, *COEF_ROLES))
-        ratio = SignSearch(ctx, lambda n: RATIO_NAME.fullmatch(n) is not None or ctx.names.is_role(n, "logp"))
+        weight = SignSearch(ctx, role_matcher(ctx, *WEIGHT_ROLES, exclude=COEF_ROLES), role_stop(ctx, *COEF_ROLES),
+                            skip_term=lambda term: is_baseline(ctx, term))
+        ratio = SignSearch(ctx, lambda n: (RATIO_NAME.fullmatch(n) is not None and not NOT_RATIO_NAME.fullmatch(n))
+                           or ctx.names.is_role(n, "logp"))
 
         # 1. PPO clip with min/max of the wrong sign
         bad_clips: list[cst.Call] = []
@@ -147,9 +152,18 @@ class AdvantageSign(Rule):
                                       "trust region; use -torch.min(ratio * A, clipped * A) or "
                                       "torch.max(-ratio * A, -clipped * A)")
 
-        # 2. surrogate not negated in a minimised loss
-        flagged: list[cst.CSTNode] = []
-        correct_vias: list[list[cst.CSTNode]] = []
+        # 3 (first part). advantages negated
+        negations = []
+        for stmt, value, target in _advantage_assignments(ctx):
+            if isinstance(stmt, cst.AugAssign):
+                negated = isinstance(stmt.operator, (cst.MultiplyAssign, cst.DivideAssign)) and _negative_literal(value)
+            else:
+                negated = _source_sign(ctx, value, SIGN_DEPTH_ADV) == -1
+            if negated:
+                negations.append(stmt)
+
+        # 2. surrogate not negated in a minimised loss. Judged where the value ends up (a positive objective
+        # named like a loss and negated later, as TRL does, is fine), reported where the fault starts.
         candidates = [(target, value, stmt) for target, value, stmt in sum_statements(ctx)
                       if target_key(target) not in minmax_args]
         for call in iter_calls(ctx, "backward"):
@@ -157,39 +171,43 @@ class AdvantageSign(Rule):
             if recv is not None and not isinstance(recv, (cst.Name, cst.Attribute)):
                 candidates.append((None, recv, call))
         candidates.sort(key=lambda c: ctx.order[id(c[2])])
+        judged = []  # (stmt, term, net sign, via, target)
         for target, value, stmt in candidates:
-            if target is not None and not is_minimised_loss(ctx, target, stmt):
+            if target is not None and (_not_a_loss(ctx, target) or not is_minimised_loss(ctx, target, stmt)):
                 continue
             for sign, term in _terms(value):
                 inner = weight.sign_of(term)
                 via = list(weight.via)
-                if inner is None or ratio.sign_of(term) is None:
-                    continue
-                if sign * inner < 0:
-                    correct_vias.append(via)
-                    continue
-                if any(s in flagged for s in via) or any(ctx.contains(term, c) or any(
-                        ctx.contains(s, c) for s in via) for c in bad_clips):
-                    continue
-                flagged.append(stmt)
-                node = term if target is not None and not _synthetic(stmt, term) else stmt
-                yield Violation(node, "the policy-gradient surrogate (ratio * A) enters a minimised loss with a + "
-                                      "sign, so the update makes high-advantage episodes less likely; negate it: "
-                                      "loss = -(ratio * A).mean()")
-
-        # 3. advantages negated
-        for stmt, value, target in _advantage_assignments(ctx):
-            if isinstance(stmt, cst.AugAssign):
-                negated = isinstance(stmt.operator, (cst.MultiplyAssign, cst.DivideAssign)) and _negative_literal(value)
-            else:
-                negated = _source_sign(ctx, value, SIGN_DEPTH_ADV) == -1
-            if not negated or any(stmt in via for via in correct_vias):
+                if inner is not None and ratio.sign_of(term) is not None:
+                    judged.append((stmt, term, sign * inner, via, target))
+        correct_vias = [via for _, _, net, via, _ in judged if net < 0]
+        wrong = [j for j in judged if j[2] > 0 and not any(j[0] in via for via in correct_vias)]
+        wrong_stmts = {id(j[0]) for j in wrong}
+        for stmt, term, _, via, target in wrong:
+            if any(id(s) in wrong_stmts for s in via if s is not stmt) or any(s in negations for s in via):
                 continue
-            yield Violation(stmt, "advantages are negated here (an advantage is reward minus baseline), so the "
-                                  "update makes good episodes less likely; drop the minus")
+            if any(ctx.contains(term, c) or any(ctx.contains(s, c) for s in via) for c in bad_clips):
+                continue
+            node = term if target is not None and not _synthetic(stmt, term) else stmt
+            yield Violation(node, "the policy-gradient surrogate (ratio * A) enters a minimised loss with a + "
+                                  "sign, so the update makes high-advantage episodes less likely; negate it: "
+                                  "loss = -(ratio * A).mean()")
+
+        # 3. advantages negated (unless a later negation undoes it on the way into a correct loss)
+        for stmt in negations:
+            if not any(stmt in via for via in correct_vias):
+                yield Violation(stmt, "advantages are negated here (an advantage is reward minus baseline), so the "
+                                      "update makes good episodes less likely; drop the minus")
 
 
 SIGN_DEPTH_ADV = 8
+
+
+def _not_a_loss(ctx: ModuleContext, target) -> bool:
+    """Targets that flow into a loss but are not one: advantages, returns, rewards, baselines."""
+    key = target_key(target)
+    bare = key.rsplit(".", 1)[-1] if key else ""
+    return any(ctx.names.is_role(bare, r) for r in WEIGHT_ROLES) or bool(BASELINE_NAME.fullmatch(bare))
 
 
 def _synthetic(stmt, term) -> bool:
@@ -212,27 +230,6 @@ def _negative_literal(expr) -> bool:
         expr.expression, (cst.Integer, cst.Float))
 
 
-def _is_baseline(ctx: ModuleContext, term: cst.BaseExpression) -> bool:
-    """A term subtracted as a baseline: a mean, a value estimate (``values``, ``baseline``, ``rewards.mean()``)."""
-    for _ in range(4):
-        if isinstance(term, cst.Call):
-            func = term.func
-            called = func.attr.value if isinstance(func, cst.Attribute) else (
-                func.value if isinstance(func, cst.Name) else "")
-            return bool(BASELINE_NAME.fullmatch(called or "")) or called in ("mean", "nanmean")
-        name = value_name(term)
-        if name is None:
-            return False
-        if BASELINE_NAME.fullmatch(name.rsplit(".", 1)[-1]):
-            return True
-        key = dotted_name(term)
-        assigns = reaching(ctx, key, term) if key else []
-        if len(assigns) != 1 or assigns[0].value is None:
-            return False
-        term = assigns[0].value
-    return False
-
-
 def _source_sign(ctx: ModuleContext, expr: cst.BaseExpression, depth: int) -> int | None:
     """The sign with which the reward-like quantity (rewards, returns, advantages; not their baselines) enters
     ``expr``; None when it does not."""
@@ -241,7 +238,7 @@ def _source_sign(ctx: ModuleContext, expr: cst.BaseExpression, depth: int) -> in
     terms = _terms(expr)
     if len(terms) > 1:
         for sign, term in terms:
-            if _is_baseline(ctx, term):
+            if is_baseline(ctx, term):
                 continue
             inner = _source_sign(ctx, term, depth - 1)
             if inner is not None:

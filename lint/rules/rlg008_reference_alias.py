@@ -71,7 +71,10 @@ class ReferenceAlias(Rule):
     """
 
     code = "RLG008"
-    triggers = r"(?i)\bref|_ref\b|reference|frozen|init(ial)?_(model|policy)"
+    # every branch starts with a literal (fast to scan): a reference-model name, or a bare `ref = <policy-ish>`
+    triggers = (r"ref(?:erence)?(?:_?(?:model|policy|net|module|actor|lm)\b|\s*=\s*[^=\n]*(?:model|policy|actor|"
+                r"copy\(|net\b|agent)|\.(?:named_)?parameters\(|\.load_state_dict)|frozen_(?:model|policy)"
+                r"|init(?:ial)?_(?:model|policy)")
     fixable = True
 
     VALID = [

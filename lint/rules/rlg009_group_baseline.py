@@ -71,8 +71,7 @@ class GroupBaseline(Rule):
     """
 
     code = "RLG009"
-    triggers = (r"\A(?=[\s\S]*?(?i:group|generations|samples|per_prompt|rollout_n|rloo_k)|[\s\S]*?\b[GK]\b)"
-                r"(?=[\s\S]*?(?i:reward|score|adv))")
+    triggers = r"reward|scores\b|advantage|adv(?:s\b|_|\b)|num_generations|group_size"
 
     VALID = [
         Valid("def adv(rewards, G):\n    grouped = rewards.view(-1, G)\n"

@@ -61,7 +61,7 @@ class LengthBias(Rule):
 
     code = "RLG010"
     severity = "info"
-    triggers = (r"(?i)mask\w*\s*\)?\s*\.sum\(\s*(?:dim\s*=\s*|axis\s*=\s*)?-?1\b|masked_mean\("
+    triggers = (r"mask\w*\s*\)?\s*\.sum\(\s*(?:dim\s*=\s*|axis\s*=\s*)?-?1\b|masked_mean\("
                 r"|torch\.sum\(\s*\w*mask")
 
     VALID = [

@@ -9,7 +9,7 @@ import libcst as cst
 from rlguard.lint.context import ModuleContext
 from rlguard.lint.rule import Invalid, Rule, Valid, Violation
 from rlguard.lint.rules._loss import MAXIMISED_NAME, is_minimised_loss
-from rlguard.lint.rules._signs import SignSearch, _terms, flip, role_matcher, role_stop, sum_statements, target_key
+from rlguard.lint.rules._signs import BASELINE_NAME, SignSearch, _terms, flip, role_matcher, role_stop, sum_statements, target_key
 
 
 class KlSign(Rule):
@@ -60,7 +60,7 @@ class KlSign(Rule):
     """
 
     code = "RLG011"
-    triggers = r"(?i)kl|ref_?(per_token_)?log|reference_log"
+    triggers = r"kl(?:_|\b)|_kl|ref_?log|ref_per_token|reference_log"
     fixable = True
 
     VALID = [
@@ -109,21 +109,25 @@ class KlSign(Rule):
         def kl_sign(term):
             sign = ref.sign_of(term)
             if sign is not None:
-                return -sign
-            return named.sign_of(term)
+                return -sign, ref.via
+            return named.sign_of(term), named.via
 
+        judged: set[int] = set()  # statements already judged: a KL inherited from them is not judged again
         for target, value, stmt in sum_statements(ctx):
             key = target_key(target)
             if key is None:
                 continue
             bare = key.rsplit(".", 1)[-1]
+            if any(ctx.names.is_role(bare, r) for r in ("advantages", "returns")) or BASELINE_NAME.fullmatch(bare):
+                continue
             reward = ctx.names.is_role(bare, "rewards") or MAXIMISED_NAME.fullmatch(bare) is not None
             loss = not reward and is_minimised_loss(ctx, target, stmt)
             if not (reward or loss):
                 continue
+            judged.add(id(stmt))
             for sign, term in _terms(value):
-                inner = kl_sign(term)
-                if inner is None:
+                inner, via = kl_sign(term)
+                if inner is None or any(id(s) in judged for s in via):
                     continue
                 net = sign * inner
                 synthetic = isinstance(stmt, cst.AugAssign) and term is not stmt.value
