@@ -94,8 +94,11 @@ def _lint(args: argparse.Namespace, verbose: bool) -> int:
         print(f"rlguard lint: {exc}", file=sys.stderr)
         return USAGE_ERROR
 
-    out = "".join(report.diffs) if args.diff else ""
-    out += render(report, args.format, show_suppressed=args.show_suppressed)
+    diff_text = "".join(report.diffs) if args.diff else ""
+    if diff_text and args.format != "text":  # keep a machine-readable stdout parseable
+        sys.stderr.write(diff_text)
+        diff_text = ""
+    out = diff_text + render(report, args.format, show_suppressed=args.show_suppressed)
     if args.output_file:
         with open(args.output_file, "w", encoding="utf-8") as fh:
             fh.write(out)

@@ -100,3 +100,12 @@ def test_fix_keeps_a_utf8_bom_and_crlf(project, capsys):
     assert main(["lint", "--no-cache", "--fix", "t.py"]) == 0
     assert path.read_bytes() == b"\xef\xbb\xbf# caf\xc3\xa9\r\nloss = pg_loss - ent_coef * entropy\r\n"
     capsys.readouterr()
+
+
+def test_diff_with_json_keeps_stdout_parseable(project, capsys):
+    import json
+
+    (project / "t.py").write_text("loss = pg_loss + ent_coef * entropy\n")
+    assert main(["lint", "--no-cache", "--diff", "--format", "json", "t.py"]) == 1
+    out, err = capsys.readouterr()
+    assert json.loads(out) == [] and err.startswith("--- a/t.py")

@@ -5,6 +5,7 @@ ships that do not parse on this Python (RLG900) are allowed and listed."""
 from __future__ import annotations
 
 import importlib.util
+import os
 from pathlib import Path
 
 import pytest
@@ -26,6 +27,6 @@ def test_torch_package_has_no_findings_and_no_internal_errors():
     print(f"{report.files_checked} torch files; {len(unparsable)} do not parse on this Python:", *unparsable,
           sep="\n  ")
     assert not report.errors, "\n".join(e.describe() for e in report.errors)
-    false_positives = [f"{Path(f.path).relative_to(root)}:{f.line}: {f.code} {f.message}"
+    false_positives = [f"{Path(os.path.abspath(f.path)).relative_to(root)}:{f.line}: {f.code} {f.message}"
                        for f in report.findings if f.code != "RLG900"]
     assert not false_positives, "findings on torch (false positives):\n" + "\n".join(false_positives)
