@@ -43,11 +43,12 @@ from rlguard.contracts.markers import (
     NoGrad,
     SamplerConsistent,
 )
-from rlguard.contracts.settings import get_mode, mode, set_mode
+from rlguard.contracts.distributed import global_token_count
+from rlguard.contracts.settings import get_mode, get_sync, mode, set_mode, set_sync, sync
 
 __all__ = [
     "contract", "ContractViolation", "ContractDefinitionError", "Violation",
-    "Guard", "active_guard", "set_mode", "get_mode", "mode",
+    "Guard", "active_guard", "set_mode", "get_mode", "mode", "set_sync", "get_sync", "sync", "global_token_count",
     "Marker", "NoGrad", "Finite", "Frozen", "GroupCentred", "GroupCentered", "MatchesOwner",
     "SamplerConsistent", "DistinctReference", "POLICY_ROLE",
     "TokenIds", "Owner", "ActionMask", "Logits", "LogProbs", "Advantages", "Rewards", "GroupRewards",

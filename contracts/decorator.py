@@ -5,6 +5,11 @@ the contracts step aside), then the tensor specs in two phases (see :mod:`rlguar
 non-tensor annotations through the pluggable typechecker, the cheap markers, the value markers (every
 ``check_every``-th call), and after the call the return value against the same dim bindings. Violations of a
 call go, as one list, to :func:`rlguard.contracts.settings.report`.
+
+Under ``torch.distributed`` (sync on, world size > 1) a call on the ``check_every`` cadence is a synchronised
+call: report() runs a collective there on every rank, failed or not, once for the arguments (before the body)
+and, when the function has return checks, once for the return value (after it). The cadence depends only on
+the per-function call counter, never on the data, so every rank reaches the same collectives.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ import torch
 from rlguard.contracts import guard as _guard
 from rlguard.contracts.errors import ContractDefinitionError, Violation
 from rlguard.contracts.markers import Call, Marker, Site, as_marker
-from rlguard.contracts.settings import STATE, flush_compiled_notes, note_compiled, report
+from rlguard.contracts.settings import STATE, _distributed, flush_compiled_notes, note_compiled, report
 from rlguard.contracts.spec import (
     TensorSpec,
     check_deferred,
@@ -303,6 +308,7 @@ def _wrap(fn: Callable, plan: Plan) -> Callable:
     timed = [(a, m) for a, m in value if m.needs_guard]
     untimed = [(a, m) for a, m in value if not m.needs_guard]
     has_markers, needs_guard = plan.has_markers, plan.needs_guard
+    has_ret = bool(ret_specs or ret_markers)
     check_every = plan.check_every
     counter = [0]
     state = STATE
@@ -328,15 +334,21 @@ def _wrap(fn: Callable, plan: Plan) -> Callable:
                 values[pname] = v
         counter[0] += 1
         due = check_every == 1 or counter[0] % check_every == 1
+        # a synchronised call (cross-rank collectives in report): decided by the counter only, same on all ranks
+        synced = due and state.sync != "off" and _distributed()
         b: dict[str, Any] = {}
         deferred: list = []
+        misshapen = False
         for spec in in_specs:
             if not spec.fast(values[spec.argument], b, deferred):
-                report([_explain(in_specs, values.__getitem__)])
-                return fn(*args, **kwargs)  # warn mode: no further checks on a misshapen call
-        if deferred and check_deferred(deferred, b, None) is not None:
-            report([_explain(in_specs, values.__getitem__)])
-            return fn(*args, **kwargs)
+                misshapen = True
+                break
+        if misshapen or (deferred and check_deferred(deferred, b, None) is not None):
+            report([_explain(in_specs, values.__getitem__)], collective=synced)
+            out = fn(*args, **kwargs)  # warn mode: no further checks on a misshapen call
+            if synced and has_ret:
+                report([], collective=True)  # the return's collective, so that all ranks stay in step
+            return out
         violations: list[Violation] = []
         for pname, hint in type_checks:
             x = values[pname]
@@ -364,14 +376,15 @@ def _wrap(fn: Callable, plan: Plan) -> Callable:
                 v = m.check(values[pname], call)
                 if v is not None:
                     violations.append(v)
-        if violations:
-            report(violations)
+        if violations or synced:
+            report(violations, collective=synced)
         out = fn(*args, **kwargs)
-        if ret_specs or ret_markers:
-            _check_return(out, b, call, due, qualname, values)
+        if has_ret:
+            _check_return(out, b, call, due, qualname, values, synced)
         return out
 
-    def _check_return(out: Any, b: dict, call: Any, due: bool, qualname: str, values: dict) -> None:
+    def _check_return(out: Any, b: dict, call: Any, due: bool, qualname: str, values: dict,
+                      synced: bool) -> None:
         def element(k: int | None) -> Any:
             if k is None:
                 return out
@@ -385,9 +398,11 @@ def _wrap(fn: Callable, plan: Plan) -> Callable:
             def lookup(a: str) -> Any:
                 return element(by_name[a]) if a in by_name else values[a]
 
-            report([_explain(in_specs + [s for _, s in ret_specs], lookup)])
+            report([_explain(in_specs + [s for _, s in ret_specs], lookup)], collective=synced)
             return
         if not ret_markers:
+            if synced:
+                report([], collective=True)
             return
         if call is None:
             call = Call(qualname, values, b, _guard.active_guard() if needs_guard else None, due)
@@ -398,7 +413,8 @@ def _wrap(fn: Callable, plan: Plan) -> Callable:
             v = m.check(element(k), call)
             if v is not None:
                 violations.append(v)
-        report(violations)
+        if violations or synced:
+            report(violations, collective=synced)
 
     wrapper.__rlguard_contract__ = plan  # type: ignore[attr-defined]
     return wrapper

@@ -35,24 +35,37 @@ class ContractViolation(AssertionError):
 
     Attributes: ``code`` (catalog code), ``function`` (qualified name), ``argument`` (the argument, or
     ``"return"``), ``violations`` (all of this call's :class:`Violation` records; the message shows the first
-    and lists the others), ``rank`` (the data-parallel rank that saw it; ``None`` until distributed support).
+    and lists the others), ``rank`` (the data-parallel rank that saw the violations shown: this rank when it
+    failed itself, else the first rank that failed; ``None`` in a single process) and ``ranks`` (every rank
+    that failed at this synchronised call; ``()`` in a single process).
     """
 
-    def __init__(self, violations: list[Violation], rank: int | None = None) -> None:
+    def __init__(self, violations: list[Violation], rank: int | None = None,
+                 ranks: tuple[int, ...] = (), this_rank: int | None = None) -> None:
         first = violations[0]
         self.violations = list(violations)
         self.code = first.code
         self.function = first.function
         self.argument = first.argument
         self.rank = rank
+        self.ranks = tuple(ranks)
+        self.this_rank = this_rank
         text = first.message
         if len(violations) > 1:
             more = "\n".join(f"  - {v.code} {v.argument}: {v.message.splitlines()[0]}" for v in violations[1:])
             text += f"\n({len(violations) - 1} more in this call)\n{more}"
+        if self.ranks:
+            where = ", ".join(map(str, self.ranks))
+            if this_rank is not None and this_rank in self.ranks:
+                head = f"[rank {this_rank}] contract failed on rank(s) {where}; this rank's violation:"
+            else:
+                head = (f"[rank {this_rank}] contract failed on rank(s) {where} (not on this rank); rank {rank}'s "
+                        "violation:")
+            text = head + "\n" + text
         super().__init__(text)
 
-    def __reduce__(self) -> tuple:  # picklable (multiprocessing, future cross-rank reporting)
-        return (type(self), (self.violations, self.rank))
+    def __reduce__(self) -> tuple:  # picklable (multiprocessing, cross-rank reporting)
+        return (type(self), (self.violations, self.rank, self.ranks, self.this_rank))
 
 
 class ContractDefinitionError(TypeError):

@@ -64,10 +64,20 @@ def wrapper_chain(m: Any) -> list[Any]:
         m = inner
 
 
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """This rank's shard of a sharded tensor (FSDP2 / DTensor parameters), else the tensor itself."""
+    to_local = getattr(t, "to_local", None)
+    return to_local() if callable(to_local) else t
+
+
+def _ptr(t: torch.Tensor) -> int:
+    return _local(t).untyped_storage().data_ptr()
+
+
 def _storages(m: nn.Module) -> dict[int, str]:
     out: dict[int, str] = {}
     for name, t in list(m.named_parameters(remove_duplicate=False)) + list(m.named_buffers(remove_duplicate=False)):
-        ptr = t.untyped_storage().data_ptr()
+        ptr = _ptr(t)
         if ptr:
             out.setdefault(ptr, name)
     return out
@@ -97,7 +107,7 @@ def reference_problems(reference: Any, policy: Any, optimizer: Any = None, full:
         opt_ptrs = {}
         for group in optimizer.param_groups:
             for p in group["params"]:
-                opt_ptrs.setdefault(p.untyped_storage().data_ptr(), True)
+                opt_ptrs.setdefault(_ptr(p), True)
         in_opt = [name for ptr, name in ref_st.items() if ptr in opt_ptrs]
         if in_opt:
             problems.append(
@@ -119,6 +129,7 @@ def _fingerprint(tensors: list[tuple[str, torch.Tensor]]) -> list[tuple[float, f
     out = []
     with torch.no_grad():
         for _, t in tensors:
+            t = _local(t)  # a sharded reference: each rank fingerprints its own shard (no collective)
             if t.is_floating_point() and t.numel():
                 d = t.detach().double()
                 out.append((float(d.sum()), float((d * d).sum())))
@@ -153,7 +164,7 @@ class Guard:
         self._pre_versions: list[int] | None = None
         self._pre_fp: list[tuple[float, float]] | None = None
         self._hooks: list[Any] = []
-        report(self._reference_violations())
+        report(self._reference_violations(), collective=True)  # every rank builds its guard: a synchronised point
         if optimizer is not None:
             self._hooks = [optimizer.register_step_pre_hook(self._pre_step),
                            optimizer.register_step_post_hook(self._post_step)]
@@ -182,21 +193,28 @@ class Guard:
         self.steps_in_update = 0
         self._frozen.clear()
         self._done.clear()
-        report(self._reference_violations())
+        report(self._reference_violations(), collective=True)
 
-    def end_update(self) -> None:
+    def end_update(self, flush: bool = True) -> None:
+        """End the update. ``flush``: report the violations held since the last synchronised call (under
+        ``torch.distributed``: a collective, so call it on every rank; nothing happens in one process)."""
         self.in_update = False
         self._frozen.clear()
         self._done.clear()
+        if flush:
+            report([], collective=True)
 
     @contextlib.contextmanager
     def update(self) -> Iterator[Guard]:
         """``with guard.update():`` around the minibatch/epoch loop of one rollout."""
         self.begin_update()
+        ok = False
         try:
             yield self
+            ok = True
         finally:
-            self.end_update()
+            # no collective while an exception leaves the block: the other ranks may be elsewhere
+            self.end_update(flush=ok)
 
     def close(self) -> None:
         """Remove the optimizer hooks and stop being the active guard."""
@@ -242,19 +260,21 @@ class Guard:
         self._pre_fp = _fingerprint(tensors) if self.steps % self.check_every == 0 else None
 
     def _post_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        due = self.steps % self.check_every == 0  # the step counter: the same on every rank
         self.steps += 1
         self.steps_in_update += 1
         ref = self.reference
-        if ref is None or self._pre_versions is None:
-            return
-        tensors = _ref_tensors(ref)
-        changed = [n for (n, t), v in zip(tensors, self._pre_versions) if t._version != v]
-        if self._pre_fp is not None:
-            changed += [n for (n, _), a, b in zip(tensors, self._pre_fp, _fingerprint(tensors))
-                        if a != b and n not in changed]
+        violations: list[Violation] = []
+        if ref is not None and self._pre_versions is not None:
+            tensors = _ref_tensors(ref)
+            changed = [n for (n, t), v in zip(tensors, self._pre_versions) if t._version != v]
+            if self._pre_fp is not None:
+                changed += [n for (n, _), a, b in zip(tensors, self._pre_fp, _fingerprint(tensors))
+                            if a != b and n not in changed]
+            if changed:
+                problem = (f"optimizer.step() changed {len(changed)} of the reference's tensors "
+                           f"(first: {changed[0]!r}); the reference must stay bit-identical")
+                violations.append(Violation("RLG008", "Guard", "reference", format_message(
+                    "RLG008", "Guard", "reference", problem, hint=REFERENCE_HINT)))
         self._pre_versions = self._pre_fp = None
-        if changed:
-            problem = (f"optimizer.step() changed {len(changed)} of the reference's tensors "
-                       f"(first: {changed[0]!r}); the reference must stay bit-identical")
-            report([Violation("RLG008", "Guard", "reference",
-                              format_message("RLG008", "Guard", "reference", problem, hint=REFERENCE_HINT))])
+        report(violations, collective=due)

@@ -141,6 +141,10 @@ class GroupCentred(Marker):
     ``group_size``: an int; a parameter name (``"group_size"``) or a dotted path from one (``"cfg.group_size"``);
     or a dim name bound by the function's specs (``"G"`` of ``GroupRewards``). Default: the decorator's
     ``group_size`` option, else a parameter named ``group_size``, else the dim ``G``.
+
+    Under data parallelism the check runs on each rank's own values: each rank must hold whole groups (the G
+    samples of a prompt contiguous, on one rank). A group that straddles ranks shows up as a count that is not a
+    multiple of G, or as groups whose means are not 0; the message then names the rank and the straddling.
     """
 
     code = "RLG009"
@@ -205,7 +209,13 @@ class GroupCentred(Marker):
             return self._fail(f"the group size ({self.group_size or self._source[1]}) is {g!r}, not a positive "
                               "int", x, call, None)
         n = x.numel()
+        dp = _dp_where()
         if n % g:
+            if dp:
+                return self._fail(f"{dp}: {n} values are not a whole number of groups of G={g}", x, call,
+                                  "a group straddles ranks: each rank must hold whole groups (its G samples of a "
+                                  "prompt contiguous, on one rank; shard by prompt, not by sample), or the group "
+                                  "size is wrong; see RLG009")
             return self._fail(f"{n} values are not a whole number of groups of G={g}", x, call,
                               "wrong group size, or groups not laid out contiguously [P, G]; see RLG009")
         with torch.no_grad():
@@ -228,11 +238,23 @@ class GroupCentred(Marker):
                 hint = "centred over the whole batch, not per group (a batch mean instead of the group mean)?"
             else:
                 hint = "no baseline subtracted per group (advantages = rewards?)"
+            if dp:
+                hint += (f" Or, under data parallelism ({dp}), groups straddle ranks: each rank must hold whole "
+                         "groups, centred on the full group's mean.")
         return self._fail(f"group {i} of {p} (G={g}) has mean {means[i].item():.4g}; every group's mean must be 0 "
                           f"(|mean| <= {self.tol:g})", x, call, hint + " see RLG009")
 
 
 GroupCentered = GroupCentred  # US spelling
+
+
+def _dp_where() -> str:
+    """"rank r of W" when torch.distributed runs with more than one rank, else "" (no collective)."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        return f"rank {dist.get_rank()} of {dist.get_world_size()}"
+    return ""
 
 
 class MatchesOwner(Marker):
