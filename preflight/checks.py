@@ -29,10 +29,15 @@ class CheckResult:
     passed: bool
     hint: str
     skipped: bool = False
+    per_rank: list | None = None  # under torch.distributed: each rank's value (``value`` is the worst of them)
 
     def to_dict(self) -> dict:
         d = asdict(self)
         d["value"] = None if isinstance(self.value, float) and math.isnan(self.value) else self.value
+        if self.per_rank is None:
+            del d["per_rank"]
+        else:
+            d["per_rank"] = [None if isinstance(v, float) and math.isnan(v) else v for v in self.per_rank]
         return d
 
 

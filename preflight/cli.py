@@ -19,6 +19,10 @@ def check_main(argv: list[str]) -> int:
     parser.add_argument("--seed", type=int, default=0, help="seed of the batch (default 0)")
     parser.add_argument("--only", help="comma-separated check names")
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    parser.add_argument("--backend", default="gloo",
+                        help="under torchrun (WORLD_SIZE > 1): the torch.distributed backend (default gloo)")
+    parser.add_argument("--dist-timeout", type=float, default=300.0,
+                        help="under torchrun: seconds a collective may wait before the job fails (default 300)")
     args = parser.parse_args(argv)
 
     import torch
@@ -28,22 +32,61 @@ def check_main(argv: list[str]) -> int:
     from rlguard.preflight.report import Progress, table, write_report
     from rlguard.preflight.suite import TrainerError, run_suite
 
+    group = _init_distributed(args.backend, args.dist_timeout)
+    rank = group[0] if group else 0
     try:
-        adapter = load_adapter(args.adapter)
-    except AdapterError as exc:
-        print(f"rlguard check: {exc}", file=sys.stderr)
-        return EXIT_SKIP
-    only = None if not args.only else [s.strip() for s in args.only.split(",")]
-    try:
-        report = run_suite(adapter, seed=args.seed, only=only,
-                           progress=None if args.quiet else Progress("preflight"))
-    except TrainerError as exc:
-        print(f"rlguard check: the trainer could not be built or run: {exc}", file=sys.stderr)
-        return EXIT_SKIP
-    print(table(report))
-    if args.out:
-        write_report(report, args.out)
-    return EXIT_OK if report.passed else EXIT_FAILED
+        try:
+            adapter = load_adapter(args.adapter)
+            loaded = None
+        except AdapterError as exc:
+            loaded = str(exc)
+        if group and _any_rank(loaded):  # every rank gives up together, never one alone
+            loaded = loaded or "the adapter failed to load on another rank"
+        if loaded is not None:
+            print(f"rlguard check: {loaded}", file=sys.stderr)
+            return EXIT_SKIP
+        only = None if not args.only else [s.strip() for s in args.only.split(",")]
+        try:
+            report = run_suite(adapter, seed=args.seed, only=only,
+                               progress=None if args.quiet or rank != 0 else Progress("preflight"))
+        except TrainerError as exc:
+            if rank == 0:
+                print(f"rlguard check: the trainer could not be built or run: {exc}", file=sys.stderr)
+            return EXIT_SKIP
+        if rank == 0:  # the report is the same on every rank: printed and written once
+            print(table(report))
+            if args.out:
+                write_report(report, args.out)
+        return EXIT_OK if report.passed else EXIT_FAILED
+    finally:
+        if group and group[2]:
+            import torch.distributed as dist
+
+            dist.destroy_process_group()
+
+
+def _init_distributed(backend: str, timeout_s: float):
+    """Under torchrun (``WORLD_SIZE`` > 1 in the environment): join the process group -> (rank, world, created)."""
+    import os
+
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return None
+    import datetime
+
+    import torch.distributed as dist
+
+    created = not dist.is_initialized()
+    if created:
+        dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s))
+    return dist.get_rank(), dist.get_world_size(), created
+
+
+def _any_rank(error) -> bool:
+    import torch.distributed as dist
+
+    out: list = [None] * dist.get_world_size()
+    dist.all_gather_object(out, error)
+    return any(out)
 
 
 def demo_main(argv: list[str]) -> int:

@@ -31,12 +31,17 @@ def table(report: Report) -> str:
     n_fail = len(report.failed)
     lines.append("")
     lines.append("all checks passed" if report.passed else f"{n_fail} check(s) failed: {', '.join(report.failed)}")
+    if getattr(report, "world_size", 1) > 1:
+        lines.append(f"(data-parallel: {report.world_size} ranks; each value is the worst rank's, per-rank values "
+                     "in report.json)")
     return "\n".join(lines)
 
 
 def markdown(report: Report, title: str = "rlguard preflight report") -> str:
     lines = [f"# {title}", "", f"**{'PASSED' if report.passed else 'FAILED'}**"
              + ("" if report.passed else f": {', '.join(report.failed)}"), "",
+             *([f"Data-parallel: {report.world_size} ranks; each value is the worst rank's.", ""]
+               if getattr(report, "world_size", 1) > 1 else []),
              "| check | measured | tolerance | ok | code | hint |", "|---|---|---|---|---|---|"]
     for c in report.checks:
         lines.append(f"| {c.name} | {_fmt(c.value)} | {c.tolerance} | {_status(c)} | {c.code or '-'} | {c.hint} |")

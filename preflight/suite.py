@@ -1,8 +1,9 @@
-"""Run the preflight checks on an adapter -> ``Report``."""
+"""Run the preflight checks on an adapter -> ``Report``; under ``torch.distributed``, on every rank, aggregated."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import math
+from dataclasses import dataclass, field, replace
 from typing import Callable, Iterable
 
 import torch
@@ -17,6 +18,7 @@ class TrainerError(Exception):
 @dataclass
 class Report:
     checks: list[CheckResult] = field(default_factory=list)
+    world_size: int = 1  # ranks whose results this report aggregates
 
     @property
     def passed(self) -> bool:
@@ -27,18 +29,45 @@ class Report:
         return [c.name for c in self.checks if not c.passed]
 
     def to_dict(self) -> dict:
-        return {"passed": self.passed, "checks": [c.to_dict() for c in self.checks]}
+        d = {"passed": self.passed, "checks": [c.to_dict() for c in self.checks]}
+        if self.world_size > 1:
+            d["world_size"] = self.world_size
+        return d
+
+
+def _world() -> int:
+    import torch.distributed as dist
+
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
 
 
 def run_suite(adapter, seed: int = 0, only: Iterable[str] | None = None,
-              progress: Callable[[int, int, str], None] | None = None) -> Report:
-    """Every check (or those in ``only``) on one batch of ``adapter``; ``progress(done, total, name)`` after each."""
+              progress: Callable[[int, int, str], None] | None = None,
+              distributed: bool | None = None) -> Report:
+    """Every check (or those in ``only``) on one batch of ``adapter``; ``progress(done, total, name)`` after each.
+
+    ``distributed`` (default: whether ``torch.distributed`` is initialised with more than one rank): every rank
+    runs every check, in the same order (an adapter's data-parallel ``backward``/``update`` run their collectives
+    inside them), then the ranks exchange their results once (``all_gather_object`` of small records) and every
+    rank returns the same aggregated report: a check passes when it passed on every rank; its value is the worst
+    rank's (the max, or the min for a lower-bound tolerance ``> x``), with each rank's value in ``per_rank`` and the
+    failing ranks named in the hint. A trainer that cannot be built on some rank raises ``TrainerError`` on all.
+    """
+    world = _world() if distributed is None or distributed else 1
     names = list(CHECKS) if only is None else [n for n in CHECKS if n in set(only)]
     torch.manual_seed(seed)
+    error = None
     try:
         ctx = Context(adapter, seed)
     except Exception as exc:  # noqa: BLE001 - the trainer itself is broken: report as "cannot test"
-        raise TrainerError(f"{type(exc).__name__}: {exc}") from exc
+        error = f"{type(exc).__name__}: {exc}"
+    if world > 1:
+        errors = _gather(error)
+        if any(errors):
+            bad = [r for r, e in enumerate(errors) if e]
+            raise TrainerError(f"rank {bad[0]}: {errors[bad[0]]}" + (f" (failed on ranks {bad})" if len(bad) > 1 else ""))
+    elif error is not None:
+        raise TrainerError(error)
     report = Report()
     for i, name in enumerate(names):
         fn, code, _ = CHECKS[name]
@@ -49,6 +78,41 @@ def run_suite(adapter, seed: int = 0, only: Iterable[str] | None = None,
         except Exception as exc:  # noqa: BLE001 - a crash inside a check is that check's failure
             result = CheckResult(name, code, float("nan"), "-", False, f"raised {type(exc).__name__}: {exc}"[:200])
         report.checks.append(result)
+    if world > 1:
+        report = aggregate(_gather(report.checks))
     if progress is not None:
         progress(len(names), len(names), "done")
     return report
+
+
+def _gather(obj) -> list:
+    import torch.distributed as dist
+
+    out: list = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def _worst(tolerance: str, values: list[float]) -> float:
+    real = [v for v in values if not (isinstance(v, float) and math.isnan(v))]
+    if len(real) < len(values) or not real:
+        return float("nan")
+    return min(real) if tolerance.strip().startswith(">") else max(real)
+
+
+def aggregate(per_rank: list[list[CheckResult]]) -> Report:
+    """One report from each rank's results (same checks, same order on every rank)."""
+    out = Report(world_size=len(per_rank))
+    for results in zip(*per_rank):
+        first = results[0]
+        failed = [r for r, c in enumerate(results) if not c.passed]
+        values = [c.value for c in results]
+        if failed:
+            hint = f"failed on rank(s) {', '.join(map(str, failed))}: {results[failed[0]].hint}"
+            value = results[failed[0]].value
+        else:
+            hint = first.hint
+            value = _worst(first.tolerance, values)
+        out.checks.append(replace(first, value=value, passed=not failed, hint=hint,
+                                  skipped=all(c.skipped for c in results), per_rank=values))
+    return out
