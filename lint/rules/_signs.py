@@ -303,6 +303,24 @@ def sum_statements(ctx: ModuleContext) -> Iterator[tuple[cst.BaseExpression, cst
             yield stmt.target, value, stmt
 
 
+def loss_candidate_filter(ctx: ModuleContext):
+    """A cheap test run before ``is_minimised_loss`` (which scans the scope's ``.backward()`` calls): the target
+    is named like a loss, or its scope has a ``.backward()`` call at all."""
+    from rlguard.lint.rules._loss import LOSS_NAME
+
+    scopes = {id(ctx.scope_of(call).node) for call in ctx.nodes(cst.Call)
+              if isinstance(call.func, cst.Attribute) and call.func.attr.value == "backward"}
+
+    def may_be_loss(target: cst.BaseExpression, stmt: cst.CSTNode) -> bool:
+        key = target_key(target)
+        if key is None:
+            return False
+        if LOSS_NAME.fullmatch(key.rsplit(".", 1)[-1]):
+            return True
+        return bool(scopes) and id(ctx.scope_of(stmt).node) in scopes
+    return may_be_loss
+
+
 def target_key(target: cst.BaseExpression) -> str | None:
     """The variable an assignment writes: ``x``, ``self.x``, ``rewards`` for ``rewards[:, -1]``."""
     while isinstance(target, cst.Subscript):

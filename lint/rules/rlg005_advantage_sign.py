@@ -12,7 +12,7 @@ from rlguard.lint.context import ModuleContext, dotted_name, iter_calls, receive
 from rlguard.lint.rule import Invalid, Rule, Valid, Violation
 from rlguard.lint.rules._loss import is_minimised_loss
 from rlguard.lint.rules._signs import (BASELINE_NAME, REDUCTIONS, SIGN_KEEPING_FUNCTIONS, SIGN_KEEPING_METHODS, SignSearch,
-                                       _terms, is_baseline, min_max_kind, reaching, role_matcher, role_stop,
+                                       _terms, is_baseline, loss_candidate_filter, min_max_kind, reaching, role_matcher, role_stop,
                                        sum_statements, target_key)
 
 WEIGHT_ROLES = ("advantages", "returns", "rewards")
@@ -171,9 +171,11 @@ class AdvantageSign(Rule):
             if recv is not None and not isinstance(recv, (cst.Name, cst.Attribute)):
                 candidates.append((None, recv, call))
         candidates.sort(key=lambda c: ctx.order[id(c[2])])
+        may_be_loss = loss_candidate_filter(ctx)
         judged = []  # (stmt, term, net sign, via, target)
         for target, value, stmt in candidates:
-            if target is not None and (_not_a_loss(ctx, target) or not is_minimised_loss(ctx, target, stmt)):
+            if target is not None and (_not_a_loss(ctx, target) or not may_be_loss(target, stmt)
+                                       or not is_minimised_loss(ctx, target, stmt)):
                 continue
             for sign, term in _terms(value):
                 inner = weight.sign_of(term)

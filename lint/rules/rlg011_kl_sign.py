@@ -9,7 +9,7 @@ import libcst as cst
 from rlguard.lint.context import ModuleContext
 from rlguard.lint.rule import Invalid, Rule, Valid, Violation
 from rlguard.lint.rules._loss import MAXIMISED_NAME, is_minimised_loss
-from rlguard.lint.rules._signs import BASELINE_NAME, SignSearch, _terms, flip, role_matcher, role_stop, sum_statements, target_key
+from rlguard.lint.rules._signs import BASELINE_NAME, SignSearch, loss_candidate_filter, _terms, flip, role_matcher, role_stop, sum_statements, target_key
 
 
 class KlSign(Rule):
@@ -112,6 +112,7 @@ class KlSign(Rule):
                 return -sign, ref.via
             return named.sign_of(term), named.via
 
+        may_be_loss = loss_candidate_filter(ctx)
         judged: set[int] = set()  # statements already judged: a KL inherited from them is not judged again
         for target, value, stmt in sum_statements(ctx):
             key = target_key(target)
@@ -121,7 +122,7 @@ class KlSign(Rule):
             if any(ctx.names.is_role(bare, r) for r in ("advantages", "returns")) or BASELINE_NAME.fullmatch(bare):
                 continue
             reward = ctx.names.is_role(bare, "rewards") or MAXIMISED_NAME.fullmatch(bare) is not None
-            loss = not reward and is_minimised_loss(ctx, target, stmt)
+            loss = not reward and may_be_loss(target, stmt) and is_minimised_loss(ctx, target, stmt)
             if not (reward or loss):
                 continue
             judged.add(id(stmt))
