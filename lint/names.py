@@ -53,7 +53,8 @@ DEFAULT_ROLES: dict[str, tuple[tuple[str, ...], str]] = {
     "rewards": (("rewards", "reward", "scores", "rew", "rews", "r"), r"(seq_|token_|group_)?(rewards?|scores?)"),
     "entropy": (
         ("entropy", "entropies", "ent", "entropy_bonus", "policy_entropy", "token_entropy", "mean_entropy"),
-        r"\w*entrop(y|ies)\w*|ent",
+        # cross-entropy is a loss against labels, not the policy's entropy
+        r"(?!(\w*_)?cross_?entropy)\w*entrop(y|ies)\w*|ent",
     ),
     "entropy_coef": (
         ("ent_coef", "entropy_coef", "entropy_coeff", "ent_coeff", "entropy_weight", "ent_weight",

@@ -113,6 +113,7 @@ class Align:
     name: str = ""  # the root's name (``attention_mask`` for ``batch["attention_mask"]``)
     model: bool = False  # logits computed by a model call in view
     via: tuple[int, ...] = ()  # ids of the assignment statements passed through
+    moved_at: int | None = None  # id of the first assignment statement whose value moved the tensor
 
     def shift(self, ds: Lin, de: Lin) -> "Align":
         return replace(self, s=self.s + ds, e=self.e + de, moved=True)
@@ -382,7 +383,8 @@ class Tracer:
                 if len(assigns) == 1:
                     return self._root(expr, key, env, fallback_only=True)
                 return None
-            found.append(replace(got, via=got.via + (id(a.statement),)))
+            moved_at = got.moved_at if got.moved_at is not None or not got.moved else id(a.statement)
+            found.append(replace(got, via=got.via + (id(a.statement),), moved_at=moved_at))
         if all((f.s, f.e) == (found[0].s, found[0].e) for f in found):
             return found[0]
         return None

@@ -106,25 +106,26 @@ class MaskNotShifted(Rule):
               "mask = torch.roll(attention_mask, shifts=-1, dims=1)\nloss = (logp * mask).sum()\n",
               "log-probs and mask rolled together"),
     ]
+    # Pinned lines are where the mask is moved (the roll, pad or window to fix) when that is in view.
     INVALID = [
         Invalid("def build_action_mask(owner):\n    action_mask = (owner[:, :-1] == POLICY).float()\n"
                 "    return action_mask\n", line=2, why="ownership of ids[:, :-1]"),
         Invalid("logits = model(ids).logits\n"
                 "logp = logits[:, :-1].log_softmax(-1).gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1)\n"
-                "mask = attention_mask[:, :-1]\nloss = -(logp * adv * mask).sum() / mask.sum()\n", line=4,
+                "mask = attention_mask[:, :-1]\nloss = -(logp * adv * mask).sum() / mask.sum()\n", line=3,
                 why="mask[:, :-1] where mask[:, 1:] is meant"),
         Invalid("ratio = torch.exp(logp - old_logp)\nm = F.pad(batch['attention_mask'], (1, 0))[:, :-1]\n"
-                "pg_loss = masked_mean(-adv * ratio, m)\n", line=3, why="padded the wrong way"),
-        Invalid("loss_mask = torch.roll(mask, 1, -1)\nkl = (log_probs - ref_log_probs) * loss_mask\n", line=2,
+                "pg_loss = masked_mean(-adv * ratio, m)\n", line=2, why="padded the wrong way"),
+        Invalid("loss_mask = torch.roll(mask, 1, -1)\nkl = (log_probs - ref_log_probs) * loss_mask\n", line=1,
                 why="rolled the wrong way"),
         Invalid("logp = full_logp[:, -L:]\nmask = attention_mask[:, -L - 1:-1]\n"
-                "loss = -(logp * adv * mask).sum()\n", line=3, why="window one step too early"),
+                "loss = -(logp * adv * mask).sum()\n", line=2, why="window one step too early"),
         Invalid("class Trainer:\n    def prepare(self, batch):\n"
                 "        self.loss_mask = batch['loss_mask'][:, :-1]\n"
                 "    def loss(self, logp, adv):\n        return -(logp * adv * self.loss_mask).sum()\n", line=3,
                 why="a [B, T] loss mask cut to [:, :-1], used through a self attribute"),
         Invalid("log_probs = F.pad(token_logp, (1, 0))\nmask = F.pad(attention_mask, (1, 0))\n"
-                "loss = (log_probs * mask).sum()\n", line=3,
+                "loss = (log_probs * mask).sum()\n", line=2,
                 why="log-probs moved to token positions, an ids-aligned mask moved too"),
         Invalid("def aggregate(values, mask):\n    return (values * mask).sum() / mask.sum()\n"
                 "def step(logp, old_logp, adv, owner):\n    ratio = (logp - old_logp).exp()\n"
@@ -160,11 +161,14 @@ class MaskNotShifted(Rule):
         sites = list(_sites(ctx, tracer))
         reported: set[int] = set()
         deferred: dict[int, list] = {}
+        statements = {id(n): n for n in ctx.nodes(cst.Assign, cst.AnnAssign, cst.AugAssign)}
         for node, values, mask in sites:
             verdict = _judge(ctx, tracer, values, mask, {}, producers)
             if verdict is not None:
                 reported.add(id(node))
-                yield Violation(node, verdict)
+                # Report where the mask was moved (the roll, pad or window to fix) when that is in view.
+                moved_at = tracer.trace(mask, "seq", {}).moved_at
+                yield Violation(statements.get(moved_at, node), verdict)
             elif verdict is None:
                 func = ctx.enclosing_function(node)
                 if func is not None:

@@ -8,7 +8,7 @@ import libcst as cst
 
 from rlguard.lint.context import ModuleContext, factors, signed_terms
 from rlguard.lint.rule import Invalid, Rule, Valid, Violation
-from rlguard.lint.rules._loss import is_minimised_loss, net_sign
+from rlguard.lint.rules._loss import is_minimised_loss, net_sign, target_name
 
 
 class EntropyBonusSign(Rule):
@@ -59,6 +59,10 @@ class EntropyBonusSign(Rule):
         Valid("stats['entropy'] = entropy.mean().item()\nloss = pg_loss\n", "entropy only logged"),
         Valid("loss = pg_loss + vf_coef * value_loss - ent_coef * entropy_bonus\n", "three terms, right sign"),
         Valid("loss = -(surrogate + ent_coef * entropy).mean()\n", "the whole objective is negated"),
+        Valid("loss = F.cross_entropy(logits.view(-1, V), labels.view(-1)) + aux_loss\n",
+              "cross-entropy against labels is not the policy's entropy"),
+        Valid("entropy_loss = entropy.mean()\nloss = pg_loss - ent_coef * entropy_loss\nloss.backward()\n",
+              "a positive entropy component, subtracted where it joins the loss"),
     ]
     INVALID = [
         Invalid("loss = pg_loss + ent_coef * entropy.mean()\n", line=1,
@@ -72,11 +76,14 @@ class EntropyBonusSign(Rule):
         Invalid("loss = pg_loss - ent_coef * (-entropy)\n", line=1, why="double negation is a penalty"),
         Invalid("h = entropy_from_logits(logits)\nloss = pg_loss + beta_ent * h.mean()\n", line=2,
                 why="entropy through an alias"),
+        Invalid("entropy_loss = entropy.mean()\nloss = pg_loss + args.ent_coef * entropy_loss\nloss.backward()\n",
+                line=2, why="CleanRL spelling with the sign flipped: reported where the component joins the loss"),
     ]
 
     def check(self, ctx: ModuleContext) -> Iterator[Violation]:
         for target, value, stmt in _sum_statements(ctx):
-            if not is_minimised_loss(ctx, target, stmt):
+            # `entropy_loss = entropy.mean()` defines a component; its sign is judged where it joins the loss
+            if ctx.names.is_role(target_name(target), "entropy") or not is_minimised_loss(ctx, target, stmt):
                 continue
             for sign, term in signed_terms(value):
                 entropy_sign = _entropy_factor_sign(ctx, term)
