@@ -107,7 +107,7 @@ def scenario_checks(rank: int, out: dict) -> None:
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     out["ddp_alias"] = violation(lambda: Guard(policy=ddp, reference=ddp.module, optimizer=opt).close())
     ref = copy.deepcopy(model)
-    both = torch.optim.Adam(list(model.parameters()) + list(ref.parameters()), lr=1e-3)
+    both = torch.optim.Adam(list(model.parameters()) + list(ref.parameters()), lr=1e-3)  # noqa: RLG008
     out["ddp_ref_in_opt"] = violation(lambda: Guard(policy=ddp, reference=ref, optimizer=both).close())
     out["ddp_ok"] = violation(lambda: Guard(policy=ddp, reference=copy.deepcopy(model).requires_grad_(False),
                                             optimizer=opt).close())

@@ -22,6 +22,7 @@ torch = pytest.importorskip("torch")
 if not (torch.distributed.is_available() and torch.distributed.is_gloo_available()):  # pragma: no cover
     pytest.skip("torch.distributed with gloo is not available", allow_module_level=True)
 
+pytestmark = pytest.mark.slow  # two process groups, about a minute on two loaded cores
 torch.set_num_threads(1)
 ROOT = Path(__file__).resolve().parent.parent
 WORKER = Path(__file__).resolve().parent / "dist_worker.py"
