@@ -85,7 +85,8 @@ def render_page(code: str) -> str:
     if not _has(body, "Suppression"):
         out += ["## Suppression", ""]
         if rule is not None:
-            out += [f"Silence one line with `# noqa: {code}` (several codes: `# noqa: {code}, RLG001`; a bare "
+            other = "RLG011" if code != "RLG011" else "RLG004"
+            out += [f"Silence one line with `# noqa: {code}` (several codes: `# noqa: {code}, {other}`; a bare "
                     f"`# noqa` silences every code on the line). For whole files or folders use "
                     f"`per-file-ignores` in `[tool.rlguard]`, or `ignore = [\"{code}\"]` for the project.", ""]
         elif code == "RLG900":

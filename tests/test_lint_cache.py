@@ -79,6 +79,9 @@ def test_changed_file_config_or_linter_is_a_miss(project, monkeypatch):
 def test_rules_fingerprint_covers_rule_sources():
     sources = {p.name for p in (Path(cache_mod.__file__).parent / "rules").glob("rlg0*.py")}
     assert sources, "no rule modules found"
+    lint_dir = Path(cache_mod.__file__).parent
+    missing = [name for name in cache_mod._FINDING_SOURCES if not (lint_dir / name).is_file()]
+    assert missing == [], "a module that decides findings was renamed: update cache._FINDING_SOURCES"
     cache_mod.rules_fingerprint.cache_clear()
     assert len(cache_mod.rules_fingerprint()) == 64
 
