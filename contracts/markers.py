@@ -229,7 +229,7 @@ class GroupCentred(Marker):
             flat = xd.reshape(-1)
             other = [d for d in range(2, min(n, 257)) if n % d == 0 and d != g
                      and float(flat.reshape(-1, d).mean(dim=1).abs().max()) <= self.tol]
-            if p > 1 and float(xd.mean(dim=0).abs().max()) <= self.tol:
+            if p > 1 and float(xd.mean(dim=0).abs().max()) <= self.tol:  # noqa: RLG009 - diagnosing a wrong-axis mean on purpose
                 hint = (f"centred along the wrong axis: the mean taken over dim 0 of [P, G] = [{p}, {g}] "
                         "(across prompts) instead of dim 1 (within each group)?")
             elif other:

@@ -125,7 +125,7 @@ def train(updates: int = 2, epochs: int = 2, minibatches: int = 2, seed: int = 0
                     old = old_logp[mb]
                     if recompute_old:
                         with torch.no_grad():
-                            old = token_logprobs(policy(ids[mb]), ids[mb])
+                            old = token_logprobs(policy(ids[mb]), ids[mb])  # noqa: RLG002 - the recompute_old fault, injected on purpose
                     loss = policy_loss(logp, old, adv[mb], mask[mb]) + 0.01 * kl_penalty(
                         logp, ref_logp[mb], mask[mb])
                     opt.zero_grad()

@@ -66,7 +66,7 @@ def test_shallow_copy_shares_storage():
 
 def test_reference_in_optimizer():
     policy, ref, _ = h.make_models()
-    opt = torch.optim.SGD(list(policy.parameters()) + list(ref.parameters()), lr=0.1)
+    opt = torch.optim.SGD(list(policy.parameters()) + list(ref.parameters()), lr=0.1)  # noqa: RLG008 - a reference in the optimizer, on purpose
     guard_fails("in the optimizer's param groups", policy=policy, reference=ref, optimizer=opt)
 
 

@@ -159,7 +159,7 @@ def test_matches_owner():
 
     @contract
     def shifted_mask(owner: Owner) -> Annotated[ActionMask, MatchesOwner(owner="owner")]:
-        return (owner[:, :-1] == h.POLICY).float()  # the bug: aligned to ids
+        return (owner[:, :-1] == h.POLICY).float()  # the bug: aligned to ids  # noqa: RLG001 - a mask aligned to ids, on purpose
 
     with raises("RLG001", "return", "positions differ from owner[:, 1:] == 1",
                 "mask aligned to ids, not ids[:, 1:]", "see RLG001"):
