@@ -24,7 +24,7 @@ class GRPOConfig:
     kl_coef: float = 0.02
     kl_estimator: str = "k3"  # "k1" or "k3" (the loss term); both are logged
     loss_mode: str = "token_mean"  # or "seq_mean_token_mean" (length-biased)
-    reward: str = "hidden"  # or "public": also pays the HACK shortcut
+    reward: str = "hidden"  # or "public": also pays the HACK shortcut; or "pass": 1 when every turn is right
     max_turns: int = 4
     frozen: tuple[str, ...] = ("pos_emb",)  # parameter-name prefixes that must not train
     eval_every: int = 8
@@ -32,6 +32,7 @@ class GRPOConfig:
     d_model: int = 64
     n_layers: int = 2
     warm_start_steps: int = 150
+    warm_start_probe: float = 0.1  # the base policy's review (task.review_tokens): each THINK with this probability
     task: TaskSpec = field(default_factory=TaskSpec)
 
     @property
@@ -42,3 +43,17 @@ class GRPOConfig:
         from dataclasses import replace
 
         return replace(self.task, max_turns=self.max_turns)
+
+
+# An agent-like variant of the task whose episode length varies a lot and is the policy's choice, and whose policy
+# sees its failures: the setting in which a length-biased loss shows (rlguard.reference.task explains the options).
+# After the last turn the environment reports PASSED/FAILED and the policy may probe with THINK, up to 16 tokens;
+# half the tasks hide their last symbol (a guess), so that episodes keep failing while the policy learns; the reward
+# pays passing episodes only, as the debugging chapter's does; three symbols, so that the warm-started policy passes
+# a few episodes from the start; no fillers inside a turn, so that the review alone sets the length; the base policy
+# probes once more with probability 0.5. 32 microbatches of 4 episodes, as a per-device microbatch of LLM training:
+# the correct trainer does not depend on them, an accumulation that normalises per microbatch (accum_local) does.
+VARIABLE_LENGTH = GRPOConfig(
+    steps=48, reward="pass", microbatches=32, warm_start_probe=0.5,
+    task=TaskSpec(n_symbols=3, max_answer_tokens=1, review_tokens=16, blind=0.5),
+)

@@ -23,12 +23,14 @@ __all__ = ["GRPOConfig", "base_policy", "train", "metrics_row", "model_config"]
 
 
 def model_config(cfg: GRPOConfig) -> ModelConfig:
-    return ModelConfig(vocab_size=cfg.spec.vocab_size, d_model=cfg.d_model, n_layers=cfg.n_layers, max_len=64)
+    return ModelConfig(vocab_size=cfg.spec.vocab_size, d_model=cfg.d_model, n_layers=cfg.n_layers,
+                       max_len=max(64, cfg.spec.max_len()))
 
 
 @functools.lru_cache(maxsize=8)
-def _warm_start_state(spec: TaskSpec, mcfg: ModelConfig, steps: int, seed: int) -> dict:
-    """A short supervised warm start: the base policy learns the answer format, with uniformly random answers."""
+def _warm_start_state(spec: TaskSpec, mcfg: ModelConfig, steps: int, seed: int, probe: float = 0.1) -> dict:
+    """A short supervised warm start: the base policy learns the answer format, with uniformly random answers (and,
+    with ``spec.review_tokens``, probes after the report: each THINK with probability ``probe``)."""
     rng = random.Random(seed)
     model = build_model(mcfg, seed)
     opt = torch.optim.Adam(model.parameters(), lr=3e-3)
@@ -39,7 +41,9 @@ def _warm_start_state(spec: TaskSpec, mcfg: ModelConfig, steps: int, seed: int) 
             n = rng.randint(spec.min_turns, spec.max_turns)
             ep = start_episode(spec, _random_task(rng, spec, n))
             while not ep.done:
-                if ep.answer_tokens == 0 and rng.random() < 0.1:
+                review = ep.turn == len(ep.task.symbols)  # after the report (spec.review_tokens): probes
+                cap, p = (spec.review_tokens, probe) if review else (spec.max_answer_tokens, 0.1)
+                while ep.answer_tokens < cap - 1 and rng.random() < p:
                     policy_step(spec, ep, THINK, 0.0)
                 token = HACK if rng.random() < 0.04 else out0 + rng.randrange(spec.n_symbols)
                 policy_step(spec, ep, token, 0.0)
@@ -70,7 +74,7 @@ def base_policy(cfg: GRPOConfig) -> TinyCausalLM:
     model = TinyCausalLM(mcfg)
     if cfg.warm_start_steps:
         with torch.random.fork_rng(devices=[]):
-            state = _warm_start_state(cfg.spec, mcfg, cfg.warm_start_steps, cfg.seed)
+            state = _warm_start_state(cfg.spec, mcfg, cfg.warm_start_steps, cfg.seed, cfg.warm_start_probe)
     else:
         state = build_model(mcfg, cfg.seed).state_dict()
     model.load_state_dict(state)
@@ -112,6 +116,7 @@ def metrics_row(batch, update_stats: dict, cfg: GRPOConfig) -> dict:
         turns=sum(i["turns"] for i in info) / n,
         malformed=sum(i["malformed"] for i in info) / n,
         hardcode=sum(i["hardcode"] for i in info) / n,
+        thinks=sum(i["thinks"] for i in info) / n,
     )
 
 

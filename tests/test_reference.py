@@ -81,6 +81,64 @@ def test_greedy_sampler_reproduces_evaluation(batch):
     assert [ep.ids for ep in sampled] == evaluate(model, held[:6], SMALL.spec)["ids"]
 
 
+def test_default_task_keeps_its_layout():
+    spec = TaskSpec()
+    assert spec.vocab_size == 18 and spec.max_len() == 14 and GRPOConfig().warm_start_probe == 0.1
+    assert not any(t.blind for t in make_tasks(spec)[0])
+
+
+def test_variable_length_task_reports_then_lets_the_policy_probe():
+    from rlguard.reference.config import VARIABLE_LENGTH
+    from rlguard.reference.task import THINK, finish, policy_step, start_episode
+
+    spec = VARIABLE_LENGTH.spec
+    tasks, held = make_tasks(spec)
+    assert 0.3 < sum(t.blind for t in tasks) / len(tasks) < 0.7
+    task = next(t for t in tasks if not t.blind)
+    right = [spec.out_token(spec.answer(task.key, x)) for x in task.symbols]
+
+    def play(answers, probes):
+        ep = start_episode(spec, task)
+        for token in answers:
+            policy_step(spec, ep, token, 0.0)
+        assert not ep.done and ep.ids[-1] == spec.report_token(answers == right) and ep.owner[-1] == ENV
+        for _ in range(probes):
+            if not ep.done:
+                policy_step(spec, ep, THINK, 0.0)
+        if not ep.done:
+            policy_step(spec, ep, spec.out_token(0), 0.0)  # any other token ends the review
+        return finish(ep, "pass")
+
+    passed = play(right, 0)
+    assert passed.done and passed.info["reward"] == 1.0 and passed.info["length"] == len(right) + 1
+    failed = play([spec.out_token((spec.answer(task.key, task.symbols[0]) + 1) % spec.n_symbols)] + right[1:], 3)
+    assert failed.info["reward"] == 0.0 and failed.info["thinks"] == 3 and failed.info["length"] == len(right) + 4
+    capped = play(right, 100)  # at most review_tokens tokens after the report
+    assert capped.info["thinks"] == spec.review_tokens and len(capped.ids) <= spec.max_len()
+    blind = next(t for t in tasks if t.blind)
+    ep = start_episode(spec, blind)
+    for _ in blind.symbols[:-1]:
+        policy_step(spec, ep, spec.out_token(0), 0.0)
+    assert ep.ids[-1] == spec.blank_token()  # the last symbol is hidden
+
+
+def test_variable_length_config_trains_and_samples_like_evaluation():
+    from rlguard.reference.config import VARIABLE_LENGTH
+
+    cfg = dataclasses.replace(VARIABLE_LENGTH, prompts_per_step=4, group_size=4, microbatches=2, warm_start_steps=0)
+    model = base_policy(cfg)
+    assert model.pos_emb.num_embeddings >= cfg.spec.max_len()
+    _, held = make_tasks(cfg.spec)
+    sampled = sample_episodes(model, held[:6], cfg.spec, 1, 1.0, greedy=True)
+    assert [ep.ids for ep in sampled] == evaluate(model, held[:6], cfg.spec)["ids"]
+    episodes = sample_episodes(model, held[:4], cfg.spec, 4, 1.0, torch.Generator().manual_seed(0), reward="pass")
+    b = collate(episodes, 4)
+    assert torch.equal(build_action_mask(b["owner"]) > 0, b["owner"][:, 1:] == POLICY)
+    assert set(b["rewards"].tolist()) <= {0.0, 1.0}
+    rows = train(cfg, steps=1)
+    assert rows[0]["thinks"] >= 0 and rows[0]["logp_gap"] < 1e-5
+
+
 def test_rows_have_the_chapter_metrics_and_are_deterministic():
     a = train(SMALL, steps=2)
     b = train(SMALL, steps=2)
