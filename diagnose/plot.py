@@ -22,7 +22,7 @@ PANELS: list[tuple[str, tuple[str, ...], bool, tuple[float, float] | None]] = [
     ("zero_adv_frac", ("zero_adv_frac",), False, None),
     ("kl_ref", ("kl_ref",), False, None),
     ("policy tokens per episode", ("length_pass", "length_fail", "length"), False, None),
-    ("extras", ("malformed", "hardcode", "reads"), False, None),
+    ("extras", ("malformed", "hardcode", "reads", "thinks"), False, None),
 ]
 
 COLORS = ["#d62728", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf", "#bcbd22", "#1f77b4"]

@@ -2,11 +2,13 @@
 
 Each run trains the reference GRPO trainer (`rlguard.reference.trainer.train`) from its warm-started base policy:
 the healthy configuration, each of the debugging chapter's seven injected faults, a learning rate ten times too
-high, the length-biased loss mode and a reward that pays for passing the public check only. Every step's row is
-written through `rlguard.diagnose.MetricsLogger` (JSON lines) as the trainer produces it, with the run's
+high, the length-biased loss mode and a reward that pays for passing the public check only. The length-biased loss
+and the accumulation fault also run on the variable-length task (`rlguard.reference.config.VARIABLE_LENGTH`: a
+PASSED/FAILED report after the last turn, then up to 16 probe tokens), next to a healthy run of it. Every step's
+row is written through `rlguard.diagnose.MetricsLogger` (JSON lines) as the trainer produces it, with the run's
 `kl_coef` added so that the kl_ref rule knows a KL term is set.
 
-    python scripts/record_diagnose_logs.py                 # all runs (a few minutes on one CPU core)
+    python scripts/record_diagnose_logs.py                 # all runs (about ten minutes on one CPU core)
     python scripts/record_diagnose_logs.py --only healthy sampler_temp --out /tmp/logs
 
 The runs are deterministic for a given torch version (fixed seeds, one thread).
@@ -23,6 +25,7 @@ from pathlib import Path
 import torch
 
 from rlguard.diagnose import MetricsLogger
+from rlguard.reference.config import VARIABLE_LENGTH
 from rlguard.reference.trainer import GRPOConfig, train
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -45,9 +48,13 @@ RUNS: dict[str, tuple[GRPOConfig, str | None, int]] = {
     "sampler_temp": (BASE, "sampler_temp", 24),
     "ref_is_policy": (BASE, "ref_is_policy", 24),
     "lr_high": (replace(BASE, lr=10 * BASE.lr), None, 24),
-    # As in the chapter, the length comparison runs with long episodes (up to 12 turns).
-    "healthy_12_turns": (replace(BASE, max_turns=12), None, 24),
-    "length_bias": (replace(BASE, max_turns=12, loss_mode="seq_mean_token_mean"), None, 24),
+    # The length-biased loss needs episodes whose length the policy controls and failures it sees: the default
+    # task's length is fixed by its turns (the chapter's agent reads files; this one probes after a FAILED report).
+    # 48 steps: the bias acts once groups mix passing and failing episodes (pass rate 0.04 -> 0.5).
+    "healthy_varlen": (VARIABLE_LENGTH, None, 48),
+    "length_bias": (replace(VARIABLE_LENGTH, loss_mode="seq_mean_token_mean"), None, 48),
+    # Length-sorted microbatches of 4 episodes, each its own token mean / 32: a coarser length bias.
+    "accum_local_varlen": (VARIABLE_LENGTH, "accum_local", 48),
     "public_reward": (replace(BASE, reward="public"), None, 24),
 }
 
@@ -69,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     for name in args.only or list(RUNS):
         start = time.time()
         path = record(name, args.out)
-        print(f"{name:<16} {RUNS[name][2]} steps in {time.time() - start:5.1f}s -> {path.name}", flush=True)
+        print(f"{name:<18} {RUNS[name][2]} steps in {time.time() - start:5.1f}s -> {path.name}", flush=True)
     return 0
 
 

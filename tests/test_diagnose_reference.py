@@ -22,7 +22,7 @@ IMG = ROOT / "docs" / "img"
 EXPECTED: dict[str, tuple[list[str], str | None]] = {
     "healthy": ([], None),
     "healthy_ent_bonus": ([], None),
-    "healthy_12_turns": ([], None),
+    "healthy_varlen": ([], None),
     "mask_shift": (["logp_gap"], "RLG001"),
     "stale_old_logp": (["ratio_stuck_at_one"], "RLG002"),
     "entropy_sign": (["entropy_collapse"], "RLG004"),
@@ -33,17 +33,20 @@ EXPECTED: dict[str, tuple[list[str], str | None]] = {
     "ref_is_policy": (["kl_ref_zero"], "RLG008"),
     "lr_high": (["approx_kl_early"], None),
     "public_reward": (["reward_hacking"], None),
-    # Not visible on the dashboard (docs/diagnose.md, "What the metrics cannot show"): as in the chapter,
-    # accumulation over length-sorted microbatches trains almost like the healthy run, and an entropy penalty
-    # of 0.001 (the trainer's default ent_coef) changes nothing. Preflight's `accumulation` and
-    # `entropy_direction` checks catch them.
+    # On the variable-length task (failing episodes can grow: a PASSED/FAILED report, then up to 16 probes) the
+    # length-biased loss shows as failing episodes growing while passing ones do not, and so does accumulating
+    # length-sorted microbatches of 4 episodes each normalised on its own: the same symptom, named by both codes.
+    "length_bias": (["length_bias"], "RLG010"),
+    "accum_local_varlen": (["length_bias"], "RLG010"),
+    # Not visible on the dashboard (docs/diagnose.md, "What the metrics cannot show"): on the default task, whose
+    # episode length is fixed by its turns, accumulation over length-sorted microbatches trains almost like the
+    # healthy run, as in the chapter; an entropy penalty of 0.001 (the trainer's default ent_coef) changes
+    # nothing. Preflight's `accumulation` and `entropy_direction` checks catch them.
     "accum_local": ([], None),
     "entropy_sign_tiny": ([], None),
-    # The reference task gives the policy no way to lengthen an episode (its length is the task's number of
-    # turns plus at most one filler per turn), so the length-biased loss cannot show as length_fail growing;
-    # the linter (RLG010, info) sees the loss aggregation; the synthetic tests cover the chapter's shape.
-    "length_bias": ([], None),
 }
+# codes that must be among the first finding's codes (a symptom with more than one possible cause)
+ALSO_NAMED: dict[str, str] = {"accum_local_varlen": "RLG006"}
 
 
 def _record_script():
@@ -67,6 +70,12 @@ def test_every_recorded_run_has_a_log_and_an_expectation():
     configs = {name: cfg for name, (cfg, _, _) in runs.items()}
     assert configs["lr_high"].lr == 10 * configs["healthy"].lr
     assert configs["length_bias"].loss_mode == "seq_mean_token_mean" and configs["public_reward"].reward == "public"
+    # the variable-length runs differ from their healthy twin only in the loss mode or the fault
+    from dataclasses import replace
+
+    assert configs["length_bias"] == replace(configs["healthy_varlen"], loss_mode="seq_mean_token_mean")
+    assert configs["accum_local_varlen"] == configs["healthy_varlen"] and runs["accum_local_varlen"][1] == "accum_local"
+    assert configs["healthy_varlen"].task.review_tokens > 0 and configs["healthy"].task.review_tokens == 0
 
 
 @pytest.mark.parametrize("name", list(EXPECTED))
@@ -79,6 +88,19 @@ def test_diagnose_names_the_cause_of_each_recorded_run(name, capsys):
     if rules:
         assert findings[0]["codes"][:1] == ([code] if code else [])
         assert findings[0]["steps"] and findings[0]["evidence"]
+    if name in ALSO_NAMED:
+        assert ALSO_NAMED[name] in findings[0]["codes"]
+
+
+def test_length_bias_runs_grow_failing_episodes_and_the_healthy_twin_does_not():
+    """The numbers behind the length_bias findings: failing episodes' policy tokens, first 4 -> last 4 steps."""
+    def growth(name, key):
+        values = [row[key] for row in read_history(DATA / f"{name}.jsonl") if row[key] > 0]
+        return (sum(values[-4:]) / 4) / (sum(values[:4]) / 4)
+
+    assert growth("healthy_varlen", "length_fail") < 1.15 and growth("healthy_varlen", "thinks") < 1
+    for name in ["length_bias", "accum_local_varlen"]:
+        assert growth(name, "length_fail") > 1.5 and growth(name, "thinks") > 2  # the probes after the report
 
 
 def test_learning_rate_and_hacking_are_named_in_words(capsys):
@@ -88,7 +110,7 @@ def test_learning_rate_and_hacking_are_named_in_words(capsys):
         assert cause in capsys.readouterr().out
 
 
-PLOTS = ["healthy", "sampler_temp", "stale_old_logp", "lr_high", "public_reward"]  # the figures of docs/diagnose.md
+PLOTS = ["healthy", "sampler_temp", "stale_old_logp", "lr_high", "public_reward", "length_bias"]  # docs/diagnose.md
 
 
 def test_plots_of_the_recorded_runs_for_the_docs():
