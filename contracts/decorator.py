@@ -23,7 +23,7 @@ import torch
 
 from rlguard.contracts import guard as _guard
 from rlguard.contracts.errors import ContractDefinitionError, Violation
-from rlguard.contracts.markers import Call, Marker, Site, as_marker
+from rlguard.contracts.markers import Call, Marker, Site, as_marker, note_no_guard
 from rlguard.contracts.settings import STATE, _distributed, flush_compiled_notes, note_compiled, report
 from rlguard.contracts.spec import (
     TensorSpec,
@@ -372,10 +372,13 @@ def _wrap(fn: Callable, plan: Plan) -> Callable:
                     v = m.check(values[pname], call)
                     if v is not None:
                         violations.append(v)
-            for pname, m in (timed if call.guard is not None else ()):
-                v = m.check(values[pname], call)
-                if v is not None:
-                    violations.append(v)
+            if call.guard is not None:
+                for pname, m in timed:
+                    v = m.check(values[pname], call)
+                    if v is not None:
+                        violations.append(v)
+            elif timed:
+                note_no_guard(qualname, timed)
         if violations or synced:
             report(violations, collective=synced)
         out = fn(*args, **kwargs)

@@ -16,6 +16,7 @@ no random numbers.
 from __future__ import annotations
 
 import copy
+import logging
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,6 +24,19 @@ import torch
 
 from rlguard.contracts.errors import ContractDefinitionError, Violation
 from rlguard.contracts.spec import TensorSpec, describe, format_message
+
+_log = logging.getLogger("rlguard.contracts")
+_warned_no_guard: set[tuple[str, str]] = set()
+
+
+def note_no_guard(function: str, timed: list[tuple[str, "Marker"]]) -> None:
+    """Say once per function and marker that a check timed by update boundaries cannot run without a Guard."""
+    for argument, marker in timed:
+        key = (function, type(marker).__name__)
+        if key not in _warned_no_guard:
+            _warned_no_guard.add(key)
+            _log.warning("rlguard: %s on %s(%s) needs a Guard (Guard(policy=..., reference=..., optimizer=...) "
+                         "and `with guard.update():`); without one it does not run", key[1], function, argument)
 
 POLICY_ROLE = 1  # default owner id of policy-written tokens (prompt 0, policy 1, environment 2)
 

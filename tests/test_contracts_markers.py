@@ -266,3 +266,24 @@ def test_distinct_reference_marker():
         ref_logprobs(policy, policy, ids)
     with raises("RLG008", "ref", "share storage with the policy"):
         ref_logprobs(copy.copy(policy), policy, ids)
+
+
+def test_guard_timed_markers_say_once_that_they_need_a_guard(caplog):
+    from rlguard.contracts import active_guard
+
+    while active_guard() is not None:  # guards left open by other tests
+        active_guard().close()
+
+    @contract
+    def lonely_loss(logp: Annotated[LogProbs, SamplerConsistent(sampler="old_logp")],
+                    old_logp: Annotated[LogProbs, Frozen(current="logp")]) -> Loss:
+        return -(logp - old_logp).sum()
+
+    logp = torch.zeros(2, 5)
+    with caplog.at_level("WARNING", logger="rlguard.contracts"):
+        for _ in range(3):
+            lonely_loss(logp, logp.clone())
+    notes = [r.getMessage() for r in caplog.records if "needs a Guard" in r.getMessage()]
+    assert len(notes) == 2, notes  # one per marker, not one per call
+    assert any("SamplerConsistent" in n and "lonely_loss" in n for n in notes)
+    assert any("Frozen" in n for n in notes)
