@@ -37,7 +37,7 @@ from rlguard.contracts import Guard, contract, global_token_count
 from rlguard.reference.adapter import ReferenceAdapter
 from rlguard.reference.config import GRPOConfig
 from rlguard.reference.faults import FAULTS, Fault
-from rlguard.reference.pipeline import Parts, merge_stats, summarize_update
+from rlguard.reference.pipeline import Parts, merge_stats, update
 from rlguard.reference.sampling import evaluate
 from rlguard.reference.task import make_tasks
 from rlguard.reference.trainer import base_policy, logp_gap, metrics_row, sample_prompts
@@ -115,26 +115,7 @@ def dp_minibatch_backward(model, ids, rows, action_mask, old_log_probs, advantag
 
 def dp_update(model, ref_model, optimizer, batch, cfg, parts, generator):
     """The single-process update with each minibatch's rows sharded over the ranks (``model``: DDP-wrapped)."""
-    ids = batch["ids"]
-    action_mask = parts.build_action_mask(batch["owner"])
-    old_log_probs = batch["sampler_logp"]
-    with torch.no_grad():
-        advantages = parts.group_advantages(batch["rewards"], cfg.group_size)
-        ref_log_probs = None
-        if ref_model is not None:
-            ref_log_probs = parts.token_log_probs(ref_model(ids) / cfg.temperature, ids)
-    logs = []
-    for _ in range(cfg.epochs):
-        for rows in torch.randperm(len(ids), generator=generator).chunk(cfg.minibatches):
-            optimizer.zero_grad(set_to_none=True)
-            mine = shard_rows(rows, action_mask)
-            stats = parts.minibatch_backward(model, ids, mine, action_mask, old_log_probs, advantages,
-                                             ref_log_probs, cfg, parts)
-            params = [p for p in model.parameters() if p.grad is not None]
-            stats["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm))
-            optimizer.step()
-            logs.append(stats)
-    return summarize_update(logs)
+    return update(model, ref_model, optimizer, batch, cfg, parts, generator, shard_rows=shard_rows)
 
 
 DP_FAULTS: dict[str, Fault] = {f.name: f for f in [

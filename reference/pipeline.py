@@ -62,8 +62,9 @@ def merge_stats(logs: list[dict]) -> dict:
     return out
 
 
-def update(model, ref_model, optimizer, batch, cfg, parts, generator):
-    """Several epochs of minibatch PPO steps on one batch -> stats of the update."""
+def update(model, ref_model, optimizer, batch, cfg, parts, generator, shard_rows=None):
+    """Several epochs of minibatch PPO steps on one batch -> stats of the update. ``shard_rows(rows, mask)``
+    picks this rank's share of each minibatch when the update runs data-parallel."""
     ids = batch["ids"]
     action_mask = parts.build_action_mask(batch["owner"])
     old_log_probs = batch["sampler_logp"]
@@ -76,6 +77,8 @@ def update(model, ref_model, optimizer, batch, cfg, parts, generator):
     for _ in range(cfg.epochs):
         for rows in torch.randperm(len(ids), generator=generator).chunk(cfg.minibatches):
             optimizer.zero_grad(set_to_none=True)
+            if shard_rows is not None:
+                rows = shard_rows(rows, action_mask)
             stats = parts.minibatch_backward(model, ids, rows, action_mask, old_log_probs, advantages,
                                              ref_log_probs, cfg, parts)
             params = [p for p in model.parameters() if p.grad is not None]
