@@ -89,11 +89,12 @@ def function_at(spans: list[tuple[int, int, str]], line: int) -> str:
     return max(inside, key=lambda s: s[0])[2] if inside else "<module>"
 
 
-def lint_snapshot(name: str, tree: Path, jobs: int) -> tuple[list[Hit], int, float, list[str]]:
+def lint_snapshot(name: str, tree: Path, jobs: int, select: tuple[str, ...] = ("ALL",)
+                  ) -> tuple[list[Hit], int, float, list[str]]:
     from rlguard.lint.config import Layer, load_config
     from rlguard.lint.runner import run
 
-    config = load_config([tree], cli=Layer(select=("ALL",)), isolated=True)
+    config = load_config([tree], cli=Layer(select=select), isolated=True)
     start = time.perf_counter()
     cwd = os.getcwd()
     os.chdir(tree)  # findings' paths relative to the repository root
@@ -120,6 +121,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", action="append", help="repository short name (repeatable)")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--verdicts", default=str(VERDICTS))
+    parser.add_argument("--select", default="ALL", help="comma-separated codes to run (default: all); verdicts of "
+                                                         "codes not run are not checked for being still reported")
     parser.add_argument("-v", "--verbose", action="store_true", help="list every finding with its verdict")
     parser.add_argument("--write", action="store_true", help="update the Real code section of docs/benchmarks.md")
     args = parser.parse_args(argv)
@@ -135,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
             continue
         tree = Path(args.work) / f"{entry['name']}-{entry['commit'][:12]}"
         snapshots.extract_python(git_dir, entry["commit"], tree)
-        found, files, seconds, errs = lint_snapshot(entry["name"], tree, args.jobs)
+        found, files, seconds, errs = lint_snapshot(entry["name"], tree, args.jobs, tuple(args.select.split(",")))
         hits += found
         errors += [f"{entry['name']}: {e}" for e in errs]
         rows.append((entry, files, seconds, found))
@@ -159,8 +162,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[{label}] {hit.repo}:{hit.path}:{hit.line} {hit.code} in {hit.function}{reason}")
     present = {h.key for h in hits}
     names = {e["name"] for e, *_ in rows}
+    selected = args.select.split(",")
     lost = [k for k, v in verdicts.items() if v["verdict"] == "TRUE" and k.split(":", 1)[0] in names
-            and k not in present]
+            and k not in present and ("ALL" in selected or any(k.endswith(":" + c) for c in selected))]
     problems += [f"LOST: {k} (judged TRUE, no longer reported)" for k in lost]
 
     table = render_table(rows, judged, len(lost))

@@ -15,6 +15,8 @@ from libcst.metadata import MetadataWrapper, PositionProvider
 
 from rlguard.catalog import CODES
 from rlguard.lint import prescan
+from rlguard.lint.analysis import Analysis
+from rlguard.lint.analysis.summaries import Project, summarise_module
 from rlguard.lint.context import ModuleContext
 from rlguard.lint.names import Vocabulary
 from rlguard.lint.rule import Finding, Rule, Violation, all_rules
@@ -33,6 +35,9 @@ class FileResult:
     fixed: list[Finding] = field(default_factory=list)  # findings that --fix rewrote away
     fixed_source: str | None = None
     errors: list["InternalError"] = field(default_factory=list)  # rules that raised on this file
+    # files of the linted tree whose function summaries the analysis used (path -> content hash): a cached
+    # result is stale when one of them changes
+    depends: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -92,10 +97,15 @@ def decode(data: bytes, path: str) -> tuple[str | None, Finding | None]:
 
 
 def lint_source(source: str, path: str = "<string>", rules: Iterable[type[Rule]] | None = None,
-                vocabulary: Vocabulary | None = None, fix: bool = False) -> FileResult:
+                vocabulary: Vocabulary | None = None, fix: bool = False, project: Project | None = None,
+                module_name: str | None = None, summarise: bool = False) -> FileResult:
     """Lint one source text with ``rules`` (default: all). Never raises for bad input: a file that does not
-    parse becomes a single RLG900 finding."""
+    parse becomes a single RLG900 finding. ``project`` gives access to the summaries of the linted tree's other
+    files (calls into them are judged from what the callee does); with ``summarise``, this file's own
+    summaries are added to it for the files linted after it."""
     result = FileResult(path)
+    if project is not None:
+        project.begin_file()
     rule_classes = list(all_rules().values() if rules is None else rules)
     lowered, memo = source.lower(), {}
     # the literal words a trigger needs are checked first (memory speed); the trigger regex only where they are
@@ -119,15 +129,25 @@ def lint_source(source: str, path: str = "<string>", rules: Iterable[type[Rule]]
         result.findings.append(_parse_error(path, f"cannot parse: {exc}"))
         return result
 
-    ctx = ModuleContext(module, path, vocabulary)
+    ctx = Analysis(module, path, vocabulary, project=project, module_name=module_name)
+    legacy = None
     violations: list[tuple[type[Rule], Violation]] = []
     for rule in candidates:
         try:
-            found = list(rule().check(ctx))
+            if not getattr(rule, "on_core", False) and legacy is None:
+                legacy = ModuleContext(module, path, vocabulary)
+            found = list(rule().check(ctx if getattr(rule, "on_core", False) else legacy))
         except Exception as exc:  # a bug in a rule must not stop the other rules nor the other files
             result.errors.append(internal_error(path, rule.code, exc))
             continue
         violations.extend((rule, violation) for violation in found)
+    if project is not None:
+        if summarise and module_name:
+            try:
+                project.record(source, summarise_module(ctx, module_name))
+            except Exception as exc:  # summaries are an aid to other files: a failure costs their precision only
+                result.errors.append(internal_error(path, None, exc))
+        result.depends = dict(project.consulted)
     if not violations:
         return result
 

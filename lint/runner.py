@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import difflib
 import os
+import re
 import sys
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Sequence
 
+from rlguard.lint.analysis.summaries import Project, module_name_for
 from rlguard.lint.cache import Cache, cache_key
 from rlguard.lint.config import PARSE_ERROR, Config, ConfigError, Layer, load_config
 from rlguard.lint.engine import FileResult, InternalError, decode, internal_error, lint_source
@@ -109,9 +111,14 @@ _RULES: dict[tuple[str, ...], list] = {}
 _VOCABS: dict[tuple, Vocabulary] = {}
 
 
-def lint_job(job: tuple[str, bytes, tuple[str, ...], tuple, bool]) -> FileResult:
-    """Lint one file's bytes with the given codes and extra names. Never raises."""
-    path, data, codes, names, fix = job
+_PROJECTS: dict[tuple, Project] = {}
+
+
+def lint_job(job: tuple) -> FileResult:
+    """Lint one file's bytes with the given codes and extra names. Never raises. ``roots`` are the source roots
+    of the linted tree (where calls into other files find their callee's summary); ``module`` is this file's
+    module name, and ``summarise`` says whether other files import it (its summaries are then kept)."""
+    path, data, codes, names, fix, roots, module, summarise = job
     try:
         text, error = decode(data, path)
         if error is not None:
@@ -125,7 +132,11 @@ def lint_job(job: tuple[str, bytes, tuple[str, ...], tuple, bool]) -> FileResult
         vocabulary = _VOCABS.get(names)
         if vocabulary is None:
             vocabulary = _VOCABS[names] = Vocabulary(extra=dict(names))
-        return lint_source(text, path, rules, vocabulary, fix)
+        project = _PROJECTS.get((roots, names))
+        if project is None:
+            project = _PROJECTS[(roots, names)] = Project(roots, vocabulary)
+        return lint_source(text, path, rules, vocabulary, fix, project=project, module_name=module,
+                           summarise=summarise)
     except Exception as exc:  # the engine itself failed on this file (deep nesting, a libcst quirk...)
         return FileResult(path, errors=[internal_error(path, None, exc)])
 
@@ -166,6 +177,8 @@ def run(paths: Sequence[str | os.PathLike], config: Config, jobs: int = 1, cache
     pending: list[tuple] = []
     meta: list[tuple[Path, str, bytes, tuple[str, ...], str | None]] = []  # per pending job
     results: list[tuple[FileResult, tuple[str, ...]]] = []
+    modules = {path: module_name_for(path) for path in files}
+    roots = tuple(sorted({str(root) for _, root in modules.values()}))
     for path in files:
         shown = display_path(path)
         codes = config.codes_for(path)
@@ -181,9 +194,14 @@ def run(paths: Sequence[str | os.PathLike], config: Config, jobs: int = 1, cache
                 report.cache_hits += 1
                 results.append((FileResult(shown, findings=hit[0], suppressed=hit[1]), codes))
                 continue
-        pending.append((shown, data, codes, names, fix))
+        pending.append((shown, data, codes, names, fix, roots, modules[path][0], False))
         meta.append((path, shown, data, codes, key))
 
+    order = import_order([job[1] for job in pending], [job[6] for job in pending])
+    imported = order.imported
+    pending = [(*job[:7], job[6] in imported) for job in pending]
+    pending = [pending[i] for i in order.order]
+    meta = [meta[i] for i in order.order]
     for (path, shown, data, codes, key), result in zip(meta, _run_jobs(pending, jobs)):
         if result.fixed_source is not None and not result.errors:
             _apply_fix(path, shown, data, result, report, write=not diff)
@@ -202,6 +220,62 @@ def run(paths: Sequence[str | os.PathLike], config: Config, jobs: int = 1, cache
         bucket.sort(key=Finding.sort_key)
     report.errors.sort(key=lambda e: (e.path, e.rule or ""))
     return report
+
+
+@dataclass
+class ImportOrder:
+    order: list[int]  # job indices, imported modules before the modules that import them
+    imported: set[str]  # module names some linted file imports
+
+
+_IMPORT = re.compile(rb"^[ \t]*(?:from[ \t]+(\.*[\w.]*)[ \t]+import[ \t]+\(?([\w ,\t]*)|import[ \t]+([\w., \t]+))",
+                     re.MULTILINE)
+
+
+def import_order(datas: list[bytes], names: list[str]) -> ImportOrder:
+    """A cheap scan of ``import`` lines (no parse): which of the linted modules are imported by others, and an
+    order that lints a module before its importers (so its summaries are ready; cycles are cut anywhere)."""
+    known = {name: i for i, name in enumerate(names)}
+    edges: list[set[int]] = [set() for _ in names]
+    imported: set[str] = set()
+    for i, (data, name) in enumerate(zip(datas, names)):
+        package = name.split(".")[:-1]
+        for match in _IMPORT.finditer(data):
+            source, members, plain = match.groups()
+            targets = []
+            if plain is not None:
+                targets = [m.strip().split(" ")[0] for m in plain.decode("ascii", "ignore").split(",")]
+            else:
+                text = source.decode("ascii", "ignore")
+                level = len(text) - len(text.lstrip("."))
+                base = text[level:]
+                if level:
+                    up = package[:len(package) - (level - 1)] if level - 1 <= len(package) else []
+                    base = ".".join([*up, base] if base else up)
+                targets = [base] + [f"{base}.{m.strip().split(' ')[0]}" for m in
+                                    members.decode("ascii", "ignore").split(",") if m.strip()]
+            for target in targets:
+                if target in known and known[target] != i:
+                    imported.add(target)
+                    edges[i].add(known[target])
+    order: list[int] = []
+    state = [0] * len(names)  # 0 new, 1 on the stack, 2 done
+    for start in range(len(names)):
+        if state[start]:
+            continue
+        stack = [(start, iter(sorted(edges[start])))]
+        state[start] = 1
+        while stack:
+            node, children = stack[-1]
+            child = next(children, None)
+            if child is None:
+                stack.pop()
+                state[node] = 2
+                order.append(node)
+            elif state[child] == 0:
+                state[child] = 1
+                stack.append((child, iter(sorted(edges[child]))))
+    return ImportOrder(order, imported)
 
 
 def _unreadable(path: str, exc: OSError) -> Finding:

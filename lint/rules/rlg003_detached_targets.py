@@ -2,20 +2,18 @@
 
 from __future__ import annotations
 
-from typing import Iterator
-
 import re
+from typing import Iterator
 
 import libcst as cst
 
-from rlguard.lint.context import ModuleContext, dotted_name, value_name
+from rlguard.lint.analysis import Analysis, dotted_name
+from rlguard.lint.analysis.index import Def
+from rlguard.lint.analysis.provenance import FORWARD, forwards
+from rlguard.lint.analysis.roles import hinted_role, in_model_code, is_backpropagated
 from rlguard.lint.rule import Invalid, Rule, Valid, Violation
-from rlguard.lint.rules._loops import forward_calls, is_grad_off, is_reference_forward
 
 LOGP_WORD = re.compile(r"(?i)log_?probs?|logps?|logprobs?")
-TARGET_ROLES = ("old_logp", "ref_logp", "advantages", "returns")
-# Short names that play these roles in RL code but mean other things elsewhere (``ret = fn(module)``).
-TOO_GENERIC = frozenset({"ret", "rets", "targets", "A", "r", "target"})
 WHAT = {"old_logp": "old log-probs", "ref_logp": "reference log-probs", "advantages": "advantages",
         "returns": "returns"}
 
@@ -63,6 +61,7 @@ class DetachedTargets(Rule):
     """
 
     code = "RLG003"
+    on_core = True
     triggers = (r"(?i)(old|ref|reference|behaviou?r|base|init|rollout|sampl\w*|mu)_?(per_token_)?log_?p|"
                 r"advantage|\badvs?\b|\breturns\s*[=,)]|\bvalue_targets\b|"
                 r"\b(ref|reference|initial|init|frozen)_(model|policy|actor)\b|\bref_?policy\b")
@@ -93,13 +92,14 @@ class DetachedTargets(Rule):
               "    ref_logits = self.ref_model(input_ids).logits\n"
               "ref_logps = selective_log_softmax(ref_logits, input_ids)\n",
               "the forward ran under inference_mode"),
-        Valid("def rollout(self, ids):\n"
-              "    old_logp = self.logp(self.actor, ids)\n"
-              "    return old_logp\n"
+        Valid("class Worker:\n"
+              "    def rollout(self, ids):\n"
+              "        old_logp = self.logp(self.actor, ids)\n"
+              "        return old_logp\n"
               "\n"
-              "def step(self, ids):\n"
-              "    with torch.no_grad():\n"
-              "        batch = self.rollout(ids)\n", "a function only called under no_grad"),
+              "    def step(self, ids):\n"
+              "        with torch.no_grad():\n"
+              "            batch = self.rollout(ids)\n", "a method only called under no_grad"),
         Valid("ref_model.requires_grad_(False)\n"
               "ref_logp = token_logp(ref_model(ids).logits, ids)\n", "the reference model is frozen"),
         Valid("with torch.set_grad_enabled(False):\n"
@@ -144,68 +144,73 @@ class DetachedTargets(Rule):
                 fixed="adv = gae(rewards, self.value_head(hidden).squeeze(-1), gamma, lam).detach()\n"),
     ]
 
-    def check(self, ctx: ModuleContext) -> Iterator[Violation]:
-        for stmt in ctx.nodes(cst.Assign):
-            for target in stmt.targets:
-                yield from self._check_target(ctx, target.target, stmt.value, stmt)
-        for stmt in ctx.nodes(cst.AnnAssign):
-            if stmt.value is not None:
-                yield from self._check_target(ctx, stmt.target, stmt.value, stmt)
+    def check(self, ctx: Analysis) -> Iterator[Violation]:
+        for stmt in ctx.nodes(cst.Assign, cst.AnnAssign):
+            if stmt.value is None:
+                continue
+            targets = [t.target for t in stmt.targets] if isinstance(stmt, cst.Assign) else [stmt.target]
+            for target in targets:
+                found = self._check_target(ctx, target, stmt)
+                if found is not None:
+                    yield found
 
-    def _check_target(self, ctx, target, value, stmt) -> Iterator[Violation]:
+    def _check_target(self, ctx: Analysis, target, stmt) -> Violation | None:
         unpacked = isinstance(target, (cst.Tuple, cst.List))
         elements = [el.value for el in target.elements] if unpacked else [target]
+        defs = {id(d.target): d for d in ctx.index.stmt_defs.get(id(stmt), ()) if d.target is not None}
         for element in elements:
-            role = _target_role(ctx, element)
+            d = defs.get(id(element))
+            if d is None:
+                continue
+            role = hinted_role(ctx, element)
             logp_named = role is None and _logp_named(element)
             if role is None and not logp_named:
                 continue
-            if is_grad_off(ctx, stmt):
-                return
-            forwards = forward_calls(ctx, value, grad=True)
+            # forwards that carry gradient into trained weights (a reward model's output is not trained)
+            live = [o for o in forwards(ctx, _value_of(ctx, d), grad=True)
+                    if o.model is None or o.model.role != "reward"]
             if logp_named:
                 # `base_action_log_probs = self.initial_model(...)`: log-probs of the reference model
-                if not forwards or not all(is_reference_forward(ctx, f) for f in forwards):
+                if not live or not all(o.model is not None and o.model.role == "reference" for o in live):
                     continue
                 role = "ref_logp"
-            if not forwards or _detached_later(ctx, element, stmt):
-                return
-            name = ctx.module.code_for_node(element)
+            if not live or _not_a_target(ctx, d) or _detached_later(ctx, d):
+                continue
+            name = ctx.code(element)
             message = (f"{WHAT[role]} `{name}` are computed with autograd on, so gradient flows through a "
                        "target; compute them under `torch.no_grad()` or add `.detach()`")
-            fix = [] if unpacked else [(value, _detached(value))]
-            yield Violation(element if unpacked else value, message, fix)
-            return
-
-
-def _target_role(ctx: ModuleContext, target: cst.BaseExpression) -> str | None:
-    name = dotted_name(target) or value_name(target)
-    if name is None or isinstance(target, cst.Subscript):
+            fix = [] if unpacked else [(stmt.value, _detached(stmt.value))]
+            return Violation(element if unpacked else stmt.value, message, fix)
         return None
-    bare = name.rsplit(".", 1)[-1]
-    if bare in TOO_GENERIC:
-        return None
-    roles = ctx.names.roles(bare)
-    for role in TARGET_ROLES:
-        if role in roles:
-            return role
-    return None
 
 
-def _detached_later(ctx: ModuleContext, target: cst.BaseExpression, stmt: cst.CSTNode) -> bool:
-    """``adv = returns - values`` followed by ``adv = adv.detach()`` (or ``adv.detach_()``): only the final
-    value is the target."""
-    name = dotted_name(target)
-    if name is None:
-        return False
-    for a in ctx.assignments_to(name, stmt):
-        if a.index > ctx.order[id(stmt)] and a.value is not None and ".detach()" in ctx.module.code_for_node(a.value):
+def _value_of(ctx: Analysis, d: Def) -> cst.BaseExpression:
+    """The expression whose provenance is the target's: the assigned value (the element, when unpacked, is
+    judged on the whole call: ``_, old_logp, _, v = agent.get_action_and_value(obs)``)."""
+    if d.element is not None and isinstance(d.value, (cst.Tuple, cst.List)):
+        return d.value.elements[d.element].value
+    return d.value
+
+
+def _not_a_target(ctx: Analysis, d: Def) -> bool:
+    """A value that is backpropagated itself is a loss (a test's reference implementation); values of a model's
+    own ``forward``/``generate`` code are its internals and outputs (a reward model's ``returns``, a decoding
+    heuristic's ``adv``)."""
+    return is_backpropagated(ctx, d) or in_model_code(ctx, d)
+
+
+def _detached_later(ctx: Analysis, d: Def) -> bool:
+    """``adv = returns - values`` followed by ``adv = adv.detach()`` (or ``adv.detach_()``) in the same function:
+    only the final value is the target."""
+    scope = ctx.index.function_scope(d.stmt)
+    order = ctx.index.order
+    for later in scope.defs.get(d.key, ()):
+        if later.order > d.order and later.kind == "assign" and later.value is not None \
+                and ".detach()" in ctx.code(later.value):
             return True
-    scope = ctx.enclosing_function(stmt) or ctx.module
-    for call in ctx.nodes(cst.Call):
+    for call in ctx.index.descendants(scope.node, cst.Call) if scope.node is not ctx.module else ctx.nodes(cst.Call):
         if isinstance(call.func, cst.Attribute) and call.func.attr.value == "detach_" and \
-                dotted_name(call.func.value) == name and ctx.comes_before(stmt, call) and \
-                (ctx.enclosing_function(call) or ctx.module) is scope:
+                dotted_name(call.func.value) == d.key and order[id(call)] > d.order:
             return True
     return False
 
@@ -219,5 +224,3 @@ def _detached(value: cst.BaseExpression) -> cst.BaseExpression:
     if not isinstance(value, (cst.Name, cst.Attribute, cst.Call, cst.Subscript)) and not value.lpar:
         value = value.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
     return cst.Call(func=cst.Attribute(value=value, attr=cst.Name("detach")))
-
-

@@ -1,0 +1,321 @@
+"""rlguard's analysis core: what the rules know about a module, computed once and shared.
+
+Layers, each built on the one before (rules only ever talk to :class:`Analysis`):
+
+- :mod:`~rlguard.lint.analysis.index`: one iterative walk over the parsed module (parents, order, scopes,
+  definitions, imports, statement positions);
+- :mod:`~rlguard.lint.analysis.flow`: reaching definitions, the single data-flow query;
+- :mod:`~rlguard.lint.analysis.values`: the backward value walk (names, keys, attributes, tuples, helpers with
+  their parameters bound) that every facet reuses;
+- facets, each a small set of transfer rules over that walk: :mod:`.alignment` (time axis), :mod:`.provenance`
+  (which model forwards, with or without autograd, a value comes from; which object a name denotes),
+  :mod:`.signs` (the sign of a term in a sum), :mod:`.loops` (update loops), :mod:`.losses` (what is
+  minimised);
+- :mod:`~rlguard.lint.analysis.semantics`: the library facts (torch, transformers, Ray...) the facets rely on;
+- :mod:`~rlguard.lint.analysis.summaries`: per-function facts (runs under no_grad, returns its argument or a
+  new object, zeroes which optimizer...) for calls into other functions and other files of the linted tree.
+
+The principle: a name is a hint, never proof. A role comes from how a value is computed and used; names only
+corroborate, and a trace that fails is *unknown*, which reports nothing.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import libcst as cst
+
+from rlguard.lint.analysis.flow import Flow
+from rlguard.lint.analysis.index import Def, ModuleIndex, dotted_name, key_of
+from rlguard.lint.names import Vocabulary
+
+if TYPE_CHECKING:
+    from rlguard.lint.analysis.summaries import Project
+
+
+class Analysis:
+    """Everything a rule may ask about one parsed module. Built once per file, shared by all rules; facets and
+    per-module facts are computed on first use and cached here."""
+
+    def __init__(self, module: cst.Module, path: str = "<string>", vocabulary: Vocabulary | None = None,
+                 project: "Project | None" = None, module_name: str | None = None):
+        self.module = module
+        self.path = path
+        self.names = vocabulary or Vocabulary()
+        self.index = ModuleIndex(module)
+        self.flow = Flow(self.index)
+        self.project = project
+        self.module_name = module_name
+        self.cache: dict[str, object] = {}  # per-module facts of the facets, by facet name
+        self._callees: dict[int, cst.FunctionDef | None] = {}
+
+    # ----- structure (delegated to the index) --------------------------------------------------------------
+    def nodes(self, *types: type) -> list[cst.CSTNode]:
+        return self.index.nodes(*types)
+
+    def ancestors(self, node: cst.CSTNode):
+        return self.index.ancestors(node)
+
+    def contains(self, outer: cst.CSTNode, inner: cst.CSTNode) -> bool:
+        return self.index.contains(outer, inner)
+
+    def enclosing_function(self, node: cst.CSTNode) -> cst.FunctionDef | None:
+        return self.index.enclosing_function(node)
+
+    def enclosing_class(self, node: cst.CSTNode) -> cst.ClassDef | None:
+        return self.index.enclosing_class(node)
+
+    def code(self, node: cst.CSTNode) -> str:
+        return self.module.code_for_node(node)
+
+    def enclosing_loops(self, node: cst.CSTNode) -> list[cst.For | cst.While]:
+        """Loops around ``node`` inside its function, innermost first."""
+        loops = []
+        for anc in self.index.ancestors(node):
+            if isinstance(anc, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
+                break
+            if isinstance(anc, (cst.For, cst.While)) and not _in_loop_header(anc, node, self.index):
+                loops.append(anc)
+        return loops
+
+    # ----- names and calls -----------------------------------------------------------------------------------
+    def call_name(self, call: cst.Call) -> str | None:
+        """The qualified name of what ``call`` calls (``F.pad`` -> ``torch.nn.functional.pad``), or None."""
+        name = self.index.qualified_name(call.func)
+        if name is None:
+            return None
+        head, _, rest = name.partition(".")
+        if head in _CONVENTIONAL and head not in self.index.imports and rest:
+            return f"{_CONVENTIONAL[head]}.{rest}"
+        return name
+
+    def qualified_name(self, expr: cst.BaseExpression) -> str | None:
+        return self.index.qualified_name(expr)
+
+    def is_module_function(self, call: cst.Call) -> bool:
+        """``torch.roll(...)``, ``F.pad(...)``, ``np.mean(...)``: a function of an imported module, not a method of
+        a value."""
+        dotted = dotted_name(call.func)
+        if dotted is None or "." not in dotted:
+            return False
+        head = dotted.split(".", 1)[0]
+        if head in _CONVENTIONAL or head in ("torch", "math", "numpy", "random", "os", "copy", "functools"):
+            return not any(d.kind not in ("import",) for d in self.flow.reaching(head, call)) or head in self.index.imports
+        return head in self.index.imports and all(d.kind == "import" for d in self.flow.reaching(head, call))
+
+    def method(self, call: cst.Call) -> str | None:
+        """The method name of ``x.m(...)`` when ``x`` is a value (not a module: ``F.pad(...)`` has none)."""
+        if isinstance(call.func, cst.Attribute) and not self.is_module_function(call):
+            return call.func.attr.value
+        return None
+
+    def reaching(self, key: str, at: cst.CSTNode) -> list[Def]:
+        return self.flow.reaching(key, at)
+
+    def function_named(self, name: str, at: cst.CSTNode | None = None) -> cst.FunctionDef | None:
+        """The module's function ``name`` (the one bound where ``at`` reads it, when given), if exactly one."""
+        if at is not None:
+            defs = [d for d in self.flow.reaching(name, at) if d.kind == "def"]
+            funcs = [d.stmt for d in defs if isinstance(d.stmt, cst.FunctionDef)]
+            if len(funcs) == 1 and len(defs) == 1:
+                return funcs[0]
+            if defs:
+                return None
+        found = self.index.functions.get(name, [])
+        top = [f for f in found if self.index.enclosing(f, cst.FunctionDef, cst.ClassDef) is None]
+        return top[0] if len(top) == 1 else (found[0] if len(found) == 1 else None)
+
+    def method_of(self, cls: cst.ClassDef, name: str, depth: int = 3) -> cst.FunctionDef | None:
+        """Method ``name`` of a class of this module, looking into its same-module base classes."""
+        for method in self.index.methods(cls):
+            if method.name.value == name:
+                return method
+        if depth > 0:
+            for base in cls.bases:
+                base_name = dotted_name(base.value)
+                base_cls = self.class_named(base_name) if base_name else None
+                if base_cls is not None and base_cls is not cls:
+                    found = self.method_of(base_cls, name, depth - 1)
+                    if found is not None:
+                        return found
+        return None
+
+    def class_named(self, name: str | None) -> cst.ClassDef | None:
+        found = self.index.classes.get(name or "", [])
+        return found[0] if len(found) == 1 else None
+
+    def callee(self, call: cst.Call) -> cst.FunctionDef | None:
+        """The function of this module that ``call`` runs: ``helper(...)``, ``self.method(...)`` (also from a
+        same-module base class), ``obj.method(...)`` / ``obj(...)`` for an instance of a same-module class
+        (``forward``/``__call__``), else None."""
+        cached = self._callees.get(id(call), _MISSING)
+        if cached is not _MISSING:
+            return cached
+        found = self._callee(call)
+        self._callees[id(call)] = found
+        return found
+
+    def _callee(self, call: cst.Call) -> cst.FunctionDef | None:
+        func = call.func
+        if isinstance(func, cst.Name):
+            found = self.function_named(func.value, call)
+            if found is not None:
+                return found
+            cls = self.instance_class(func)
+            return self._call_method(cls) if cls is not None else None
+        if isinstance(func, cst.Attribute):
+            receiver = func.value
+            name = func.attr.value
+            if isinstance(receiver, cst.Name) and receiver.value in ("self", "cls"):
+                cls = self.enclosing_class(call)
+                if cls is not None:
+                    method = self.method_of(cls, name)
+                    if method is not None:
+                        return method
+                attr_cls = self.instance_class(func)
+                return self._call_method(attr_cls) if attr_cls is not None else None
+            cls = self.instance_class(receiver)
+            if cls is not None:
+                return self.method_of(cls, name)
+            attr_cls = self.instance_class(func)
+            if attr_cls is not None:
+                return self._call_method(attr_cls)
+        return None
+
+    def _call_method(self, cls: cst.ClassDef) -> cst.FunctionDef | None:
+        return self.method_of(cls, "forward") or self.method_of(cls, "__call__")
+
+    def instance_class(self, expr: cst.BaseExpression) -> cst.ClassDef | None:
+        """The same-module class ``expr`` is an instance of, when every binding of it constructs that class."""
+        key = key_of(expr)
+        if key is None:
+            return None
+        defs = self.flow.reaching(key, expr)
+        classes = set()
+        for d in defs:
+            value = d.value if d.kind == "assign" and d.element is None else None
+            if not (isinstance(value, cst.Call) and isinstance(value.func, cst.Name)):
+                return None
+            cls = self.class_named(value.func.value)
+            if cls is None:
+                return None
+            classes.add(id(cls))
+            last = cls
+        return last if len(classes) == 1 else None
+
+    def positional_field(self, call: cst.Call, entry: str) -> cst.BaseExpression | None:
+        """For ``C(a, b)`` constructing a same-module dataclass or NamedTuple: the argument bound to field
+        ``entry`` (fields in declaration order)."""
+        if not isinstance(call.func, cst.Name):
+            return None
+        cls = self.class_named(call.func.value)
+        if cls is None or not isinstance(cls.body, cst.IndentedBlock):
+            return None
+        fields = []
+        for stmt in cls.body.body:
+            if isinstance(stmt, cst.SimpleStatementLine):
+                for small in stmt.body:
+                    if isinstance(small, cst.AnnAssign) and isinstance(small.target, cst.Name):
+                        fields.append(small.target.value)
+        positional = [a for a in call.args if a.keyword is None and not a.star]
+        if entry in fields:
+            pos = fields.index(entry)
+            if pos < len(positional):
+                return positional[pos].value
+        return None
+
+    # ----- other files of the linted tree ------------------------------------------------------------------------
+    def summary_of_call(self, call: cst.Call):
+        """The summary of the function of another file of the linted tree that ``call`` runs, or None."""
+        if self.project is None or self.callee(call) is not None:
+            return None
+        for qualname in self.call_targets(call):
+            found = self.project.get(qualname)
+            if found is not None:
+                return found
+        return None
+
+    def call_targets(self, call: cst.Call) -> list[str]:
+        """Qualified names ``call`` may run in other modules: an imported function (``f()``, ``mod.f()``), a method
+        inherited from an imported base class (``self.m()``), a method of an instance of an imported class."""
+        func = call.func
+        found = []
+        dotted = dotted_name(func)
+        if dotted is not None:
+            resolved = self.resolve_import(dotted)
+            if resolved is not None:
+                found.append(resolved)
+        if isinstance(func, cst.Attribute):
+            receiver = func.value
+            if isinstance(receiver, cst.Name) and receiver.value in ("self", "cls"):
+                cls = self.enclosing_class(call)
+                for base in (cls.bases if cls is not None else ()):
+                    base_name = dotted_name(base.value)
+                    qualified = self.resolve_import(base_name) if base_name else None
+                    if qualified is not None:
+                        found.append(f"{qualified}.{func.attr.value}")
+            else:
+                cls_name = self._instance_of_import(receiver)
+                if cls_name is not None:
+                    found.append(f"{cls_name}.{func.attr.value}")
+        elif isinstance(func, cst.Name):
+            cls_name = self._instance_of_import(func)
+            if cls_name is not None:
+                found += [f"{cls_name}.forward", f"{cls_name}.__call__"]
+        return found
+
+    def _instance_of_import(self, expr: cst.BaseExpression) -> str | None:
+        key = key_of(expr)
+        defs = self.flow.reaching(key, expr) if key else []
+        names = set()
+        for d in defs:
+            value = d.value if d.kind == "assign" and d.element is None else None
+            if not isinstance(value, cst.Call):
+                return None
+            func_name = dotted_name(value.func)
+            resolved = self.resolve_import(func_name) if func_name else None
+            if resolved is None:
+                return None
+            names.add(resolved)
+        return names.pop() if len(names) == 1 else None
+
+    def resolve_import(self, dotted: str) -> str | None:
+        """``utils.f`` -> ``pkg.utils.f`` through this module's imports (relative ones too), or None when the
+        head is not imported."""
+        head, _, rest = dotted.partition(".")
+        base = self.index.imports.get(head)
+        if base is None and head in self.index.relative_imports and self.module_name:
+            level, name = self.index.relative_imports[head]
+            package = self.module_name.split(".")
+            if not self.path.endswith("__init__.py"):
+                package = package[:-1]
+            if level - 1 > len(package):
+                return None
+            package = package[:len(package) - (level - 1)]
+            base = ".".join([*package, name]) if package else name
+        if base is None:
+            return None
+        return f"{base}.{rest}" if rest else base
+
+    # ----- facets ----------------------------------------------------------------------------------------
+    def facet(self, name: str, factory):
+        """The module's cached instance of a facet or per-module fact table (built by ``factory(self)``)."""
+        hit = self.cache.get(name)
+        if hit is None:
+            hit = self.cache[name] = factory(self)
+        return hit
+
+
+
+_MISSING = object()
+_CONVENTIONAL = {"F": "torch.nn.functional", "nn": "torch.nn", "functional": "torch.nn.functional",
+                 "np": "numpy", "th": "torch"}
+
+
+def _in_loop_header(loop, node, index: ModuleIndex) -> bool:
+    header = loop.test if isinstance(loop, cst.While) else loop.iter
+    return node is header or index.contains(header, node) or (
+        isinstance(loop, cst.For) and (node is loop.target or index.contains(loop.target, node)))
+
+
+__all__ = ["Analysis", "Def", "dotted_name", "key_of"]

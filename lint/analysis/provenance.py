@@ -1,0 +1,578 @@
+"""Provenance: which objects a name denotes, and which model forwards a tensor is computed from.
+
+Two facets over the shared value walk:
+
+- :class:`ObjectFacet`: what object an expression denotes, as *roots*: a parameter, an attribute of an object
+  from elsewhere, a freshly built object (``from_pretrained``, ``deepcopy``, a constructor, a factory helper whose
+  return is a local it builds), a shallow copy or PEFT base of another object. ``model.eval()``, ``.to(dev)``,
+  ``unwrap_model(m)`` and a helper that returns its argument keep the root: two names with a common root are the
+  same object.
+- :class:`ProvenanceFacet`: the *origins* of a tensor: model forwards (which model, whether autograd is on
+  where it ran, and whether the chain made logits, log-probs or an entropy of it), stored data read from a batch
+  or buffer, parameters, results of other processes (Ray RPCs: plain data), rollouts. ``.detach()``, ``.item()``,
+  comparisons and code under ``torch.no_grad()`` clear the autograd flag; a literal ``use_grad=False`` passed to a
+  helper the linter cannot read is taken at its word.
+
+A model is recognised by what is done with it (called, ``.generate()``-ed, its ``.logits`` read, its
+``parameters()`` optimised, built by a model factory) or, as a hint, by the role names of the vocabulary;
+a model's *role* (policy, reference, critic) by the names along its alias chain and by being frozen.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+import libcst as cst
+
+from rlguard.lint.analysis import semantics as S
+from rlguard.lint.analysis.grad import grad_context
+from rlguard.lint.analysis.index import Def, dotted_name, key_of
+from rlguard.lint.analysis.values import Facet, Frame, Trace
+
+if TYPE_CHECKING:
+    from rlguard.lint.analysis import Analysis
+
+CRITIC_NAME = re.compile(r"(?i)(\w*_)?(critic|value_?(model|head|net|network|fn|function)|v_?head|vf|"
+                         r"v_?net|q_?net|q_?function)(_\w+)?")
+# Reward models and scorers: run, never trained by the RL update (their gradients reach no optimizer).
+REWARD_NAME = re.compile(r"(?i)(\w*_)?(reward_?(model|net|fn|function|head)|rm|rm_model|scorer|judge|verifier|"
+                         r"cost_?model)(_\w+)?")
+
+
+# ===== objects =====================================================================================================
+@dataclass(frozen=True)
+class Obj:
+    """A root of an object's identity. ``kind``: ``param``, ``attr`` (an attribute of an object from elsewhere),
+    ``global``, ``new`` (built here), ``copy`` (a shallow copy of ``key``'s object), ``peft`` (the PEFT base model
+    of ``key``'s object), ``opaque`` (the result of a call the linter cannot read)."""
+
+    kind: str
+    key: str
+    names: tuple[str, ...] = ()
+    node_id: int = 0
+
+
+@dataclass(frozen=True)
+class Tup:
+    """A tuple of objects (``accelerator.prepare(a, b)``)."""
+
+    elements: tuple[frozenset, ...]
+
+
+EMPTY: frozenset = frozenset()
+
+
+class ObjectFacet(Facet):
+    unknown = EMPTY
+
+    def __init__(self, a: "Analysis"):
+        self.a = a
+        self.calls: dict[int, cst.Call] = {}
+
+    def join(self, values):
+        out: set = set()
+        for v in values:
+            if isinstance(v, Tup):
+                return v if len(values) == 1 else EMPTY
+            out |= v
+        return frozenset(out)
+
+    def _named(self, objs: frozenset, name: str | None) -> frozenset:
+        if not name:
+            return objs
+        return frozenset(replace(o, names=o.names + (name,)) if name not in o.names else o for o in objs)
+
+    def node(self, trace, expr, frame):
+        a = self.a
+        if isinstance(expr, (cst.Name, cst.Attribute, cst.Subscript)) and key_of(expr) is not None:
+            named = trace.named(expr, frame)
+            if isinstance(named, Tup):
+                return named
+            return self._named(named, _last(expr))
+        if isinstance(expr, cst.Call):
+            return self._call(trace, expr, frame)
+        if isinstance(expr, cst.IfExp):
+            return EMPTY  # `a if cond else b`: not one object
+        return EMPTY
+
+    def _call(self, trace, call: cst.Call, frame):
+        a = self.a
+        name = a.call_name(call) or ""
+        last = name.rsplit(".", 1)[-1]
+        method = a.method(call)
+        recv = S.receiver(call)
+        if name in S.SHALLOW_COPY and call.args:
+            inner = trace.value(call.args[0].value, frame)
+            if isinstance(inner, Tup):
+                return EMPTY
+            return frozenset(Obj("copy", o.key, o.names, id(call)) for o in inner)
+        if name in S.DEEP_COPY or S.NEW_MODEL_CALLS.fullmatch(name) or S.NEW_MODEL_CALLS.fullmatch(last):
+            self.calls[id(call)] = call
+            return frozenset({Obj("new", f"new@{id(call)}", (last,), id(call))})
+        if method == "get_base_model" and recv is not None:
+            inner = trace.value(recv, frame)
+            return frozenset(Obj("peft", o.key, o.names, id(call)) for o in inner) if not isinstance(inner, Tup) else EMPTY
+        if method in S.SAME_MODULE_METHODS and recv is not None:
+            return trace.value(recv, frame)
+        if (S.SAME_MODULE_CALL.fullmatch(last) or name in S.SAME_MODULE_FUNCTIONS) and call.args:
+            return trace.value(call.args[0].value, frame)
+        if method == "prepare" and len(call.args) > 1:
+            return Tup(tuple(trace.value(arg.value, frame) for arg in call.args))
+        if method == "prepare" and len(call.args) == 1:
+            return trace.value(call.args[0].value, frame)
+        helper = trace.helper_call(call, frame)
+        if helper is not None:
+            return helper
+        if isinstance(call.func, cst.Name) and a.class_named(call.func.value) is not None:
+            return frozenset({Obj("new", f"new@{id(call)}", (call.func.value,), id(call))})
+        summary = a.summary_of_call(call)
+        if summary is not None:
+            returned = summary.returned_argument()
+            if returned is not None:
+                arg = S.argument(call, returned[0], returned[1])
+                if arg is not None:
+                    return trace.value(arg, frame)
+            if summary.returns_new:
+                return frozenset({Obj("new", f"new@{id(call)}", (last,), id(call))})
+        return frozenset({Obj("opaque", f"call@{id(call)}", (last,) if last else (), id(call))})
+
+    def leaf(self, trace, expr, frame):
+        name = key_of(expr) or ""
+        return frozenset({Obj("global", name, (_last(expr) or name,))})
+
+    def param(self, trace, d: Def, expr, frame):
+        func = d.scope
+        fname = func.name.value if isinstance(func, cst.FunctionDef) else "<lambda>"
+        cls = self.a.index.scopes[id(func)].cls if id(func) in self.a.index.scopes else None
+        owner = f"{cls.name.value}." if cls is not None else ""
+        return frozenset({Obj("param", f"{owner}{fname}:{d.key}", (d.key,))})
+
+    def opaque(self, trace, d: Def, expr):
+        return frozenset({Obj("global", d.key, (d.key,))})
+
+    def item(self, trace, container, entry):
+        if isinstance(container, Tup):
+            return EMPTY
+        if not container:
+            return EMPTY
+        return frozenset(Obj("attr", f"{o.key}.{entry}", (entry,)) for o in container)
+
+    def element(self, trace, whole, position):
+        if isinstance(whole, Tup) and position < len(whole.elements):
+            return whole.elements[position]
+        return EMPTY
+
+    def enter(self, trace, manager, d):
+        return manager if not isinstance(manager, Tup) else EMPTY  # `with unwrap(model) as m`: the model
+
+    def iterate(self, trace, iterable, d):
+        return EMPTY
+
+    def helper(self, trace, call, returns, frame):
+        if not returns:
+            return EMPTY
+        return self.join(returns)
+
+
+def _last(expr: cst.BaseExpression) -> str | None:
+    if isinstance(expr, cst.Name):
+        return expr.value
+    if isinstance(expr, cst.Attribute):
+        return expr.attr.value
+    if isinstance(expr, cst.Subscript):
+        key = key_of(expr)
+        if key and key.endswith("']"):
+            return key[key.rindex("['") + 2:-2]
+    return None
+
+
+def objects(a: "Analysis") -> Trace:
+    return a.facet("objects", lambda an: Trace(an, ObjectFacet(an), budget=60000))
+
+
+# ----- models --------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ModelRef:
+    """Which model a forward ran: ``role`` is ``policy``, ``reference``, ``critic``, ``reward`` (a reward model or
+    scorer that is not trained) or ``model`` (no telling);
+    ``roots`` the identity keys of the object."""
+
+    role: str
+    roots: frozenset
+    names: tuple[str, ...] = ()
+
+
+class Models:
+    """Per module: which expressions denote models, and their roles."""
+
+    def __init__(self, a: "Analysis"):
+        self.a = a
+        self.objs = objects(a)
+        self._trained: frozenset | None = None
+        self._frozen: frozenset | None = None
+        self._called: frozenset | None = None
+
+    def roots(self, expr: cst.BaseExpression, frame: Frame | None = None) -> frozenset:
+        value = self.objs.value(expr, frame)
+        return value if not isinstance(value, Tup) else EMPTY
+
+    def model(self, expr: cst.BaseExpression, frame: Frame | None = None) -> ModelRef | None:
+        """The model ``expr`` denotes, or None when nothing says it is one."""
+        objs = self.roots(expr, frame)
+        if not objs:
+            return None
+        names = tuple(n for o in objs for n in o.names)
+        keys = frozenset(o.key for o in objs)
+        names_say_model = any(self._model_name(n) for n in names)
+        structural = bool(keys & self.trained_roots()) or any(o.kind == "new" and self._model_factory(o) for o in objs)
+        if not (names_say_model or structural):
+            return None
+        return ModelRef(self._role(objs, names), keys, names)
+
+    def _model_name(self, name: str) -> bool:
+        vocab = self.a.names
+        return (vocab.is_role(name, "policy") or vocab.is_role(name, "ref_model") or CRITIC_NAME.fullmatch(name) is not None
+                or REWARD_NAME.fullmatch(name) is not None)
+
+    def _model_factory(self, o: Obj) -> bool:
+        return bool(o.names) and re.fullmatch(r"(?i)(\w+\.)*(from_pretrained|from_config|deepcopy|"
+                                              r"create_reference_model|\w*model\w*)", o.names[0]) is not None
+
+    def _role(self, objs: frozenset, names: tuple[str, ...]) -> str:
+        vocab = self.a.names
+        if any(vocab.is_role(n, "ref_model") for n in names):
+            return "reference"
+        if any(REWARD_NAME.fullmatch(n) for n in names) and not frozenset(o.key for o in objs) & self.trained_roots():
+            return "reward"
+        if any(CRITIC_NAME.fullmatch(n) for n in names):
+            return "critic"
+        if any(vocab.is_role(n, "policy") for n in names) or frozenset(o.key for o in objs) & self.trained_roots():
+            return "policy"
+        return "model"
+
+    def trained_roots(self) -> frozenset:
+        """Roots of objects whose ``parameters()`` are handed to an optimizer in this module."""
+        if self._trained is None:
+            self._trained = EMPTY
+            found: set = set()
+            for call in self.a.nodes(cst.Call):
+                if S.method_name(call) in ("parameters", "named_parameters"):
+                    recv = S.receiver(call)
+                    if recv is not None and self._in_optimizer(call):
+                        found |= {o.key for o in self.roots(recv)}
+            self._trained = frozenset(found)
+        return self._trained
+
+    def _in_optimizer(self, params_call: cst.Call) -> bool:
+        a = self.a
+        for anc in a.index.ancestors(params_call):
+            if isinstance(anc, cst.Call):
+                name = (a.call_name(anc) or "").rsplit(".", 1)[-1]
+                if S.OPTIMIZER_CLASS.fullmatch(name) or S.method_name(anc) == "add_param_group":
+                    return True
+            if isinstance(anc, (cst.BaseSmallStatement, cst.BaseCompoundStatement)):
+                break
+        return False
+
+    def is_frozen(self, ref: ModelRef) -> bool:
+        """``ref_model.requires_grad_(False)``, ``ref.eval()`` with a loop setting ``p.requires_grad = False`` over
+        its parameters: its forwards carry no gradient."""
+        if self._frozen is None:
+            found: set = set()
+            for call in self.a.nodes(cst.Call):
+                if S.method_name(call) == "requires_grad_" and call.args and S.literal_bool(call.args[0].value) is False:
+                    recv = S.receiver(call)
+                    if recv is not None:
+                        found |= {o.key for o in self.roots(recv)}
+            for stmt in self.a.nodes(cst.Assign):
+                target = dotted_name(stmt.targets[0].target) or ""
+                if target.endswith(".requires_grad") and S.literal_bool(stmt.value) is False:
+                    for loop in self.a.enclosing_loops(stmt):
+                        if isinstance(loop, cst.For) and isinstance(loop.iter, cst.Call) and S.method_name(
+                                loop.iter) in ("parameters", "named_parameters"):
+                            recv = S.receiver(loop.iter)
+                            if recv is not None:
+                                found |= {o.key for o in self.roots(recv)}
+            self._frozen = frozenset(found)
+        return bool(ref.roots & self._frozen)
+
+
+def models(a: "Analysis") -> Models:
+    return a.facet("models", Models)
+
+
+# ===== tensors =====================================================================================================
+FORWARD, READ, PARAM, REMOTE, ROLLOUT = "forward", "read", "param", "remote", "rollout"
+
+
+@dataclass(frozen=True)
+class Origin:
+    """Where part of a tensor's value comes from. ``grad``: True when autograd is on along the whole path from a
+    model forward, False when something stopped it, None when it cannot be told. ``what``: the chain made
+    ``logits``, ``logprobs``, ``entropy`` of the forward's ``output`` (``nll``: a cross-entropy)."""
+
+    kind: str
+    node_id: int
+    grad: bool | None
+    what: str = "output"
+    model: ModelRef | None = None
+    name: str = ""
+
+
+class ProvenanceFacet(Facet):
+    unknown = EMPTY
+
+    def __init__(self, a: "Analysis"):
+        self.a = a
+        self.models = models(a)
+        self.grad = grad_context(a)
+        self.nodes: dict[int, cst.CSTNode] = {}
+
+    def join(self, values):
+        out: set = set()
+        for v in values:
+            out |= v
+        return frozenset(out)
+
+    # ----- helpers ------------------------------------------------------------------------------------------
+    def _off(self, origins: frozenset) -> frozenset:
+        return frozenset(replace(o, grad=False) if o.grad is not False else o for o in origins)
+
+    def _what(self, origins: frozenset, what: str) -> frozenset:
+        return frozenset(replace(o, what=what) if o.kind == FORWARD else o for o in origins)
+
+    def _context(self, origins: frozenset, node: cst.CSTNode, frame) -> frozenset:
+        """Origins of an operation run at ``node``: under a grad-off context the result carries no gradient."""
+        if not any(o.grad for o in origins):
+            return origins
+        state = self.grad.enabled(node, frame)
+        if state is False:
+            return self._off(origins)
+        if state is None:
+            return frozenset(replace(o, grad=None) if o.grad else o for o in origins)
+        return origins
+
+    def _forward(self, call: cst.Call, model: ModelRef, frame, what: str = "output") -> frozenset:
+        self.nodes[id(call)] = call
+        state = self.grad.enabled(call, frame)
+        if state is not False and self.models.is_frozen(model):
+            state = False
+        return frozenset({Origin(FORWARD, id(call), state, what, model, model.names[0] if model.names else "")})
+
+    # ----- transfer ---------------------------------------------------------------------------------------------
+    def node(self, trace, expr, frame):
+        if isinstance(expr, cst.Call):
+            return self._call(trace, expr, frame)
+        if isinstance(expr, cst.Attribute) and key_of(expr) is None:
+            return self._attribute(trace, trace.value(expr.value, frame), expr.attr.value)
+        if isinstance(expr, cst.Subscript) and key_of(expr) is None:
+            inner = trace.value(expr.value, frame)
+            if len(expr.slice) == 1 and S.int_value(getattr(expr.slice[0].slice, "value", None)) == 0:
+                return self._what(inner, "logits") if any(o.kind == FORWARD and o.what == "output" for o in inner) \
+                    else inner
+            return inner
+        if isinstance(expr, cst.BinaryOperation):
+            both = trace.value(expr.left, frame) | trace.value(expr.right, frame)
+            return self._context(frozenset(replace(o, what="derived") if o.kind == FORWARD else o for o in both),
+                                 expr, frame)
+        if isinstance(expr, cst.UnaryOperation):
+            inner = trace.value(expr.expression, frame)
+            return self._off(inner) if isinstance(expr.operator, cst.Not) else inner
+        if isinstance(expr, cst.Comparison):
+            found = trace.value(expr.left, frame)
+            for comp in expr.comparisons:
+                found |= trace.value(comp.comparator, frame)
+            return self._off(found)
+        if isinstance(expr, cst.BooleanOperation):
+            return trace.value(expr.left, frame) | trace.value(expr.right, frame)
+        if isinstance(expr, (cst.Tuple, cst.List, cst.Set)):
+            return self.join([trace.value(el.value, frame) for el in expr.elements])
+        if isinstance(expr, (cst.Integer, cst.Float, cst.Imaginary, cst.SimpleString, cst.ConcatenatedString,
+                             cst.FormattedString, cst.Lambda, cst.Dict, cst.DictComp, cst.ListComp, cst.SetComp,
+                             cst.GeneratorExp, cst.Ellipsis)):
+            return EMPTY
+        return None
+
+    def _attribute(self, trace, origins: frozenset, attr: str) -> frozenset:
+        if attr in ("logits", "logit"):
+            return self._what(origins, "logits")
+        if attr in S.DATA_ATTRIBUTES:
+            return EMPTY if attr != "data" else self._off(origins)
+        if attr in ("log_probs", "logprobs", "logps"):
+            return self._what(origins, "logprobs")
+        return origins
+
+    def _call(self, trace, call: cst.Call, frame):
+        a = self.a
+        name = a.call_name(call) or ""
+        last = name.rsplit(".", 1)[-1]
+        method = a.method(call)
+        recv = S.receiver(call)
+        if S.is_remote_call(call, name):
+            return frozenset({Origin(REMOTE, id(call), False, name=last)})
+        if method in S.DETACHING_METHODS and recv is not None and name.split(".", 1)[0] not in ("torch", "np", "numpy"):
+            return self._off(trace.value(recv, frame)) if method not in ("size", "numel", "dim", "shape") else EMPTY
+        if name in S.DETACHING_FUNCTIONS or last in ("len", "range", "isinstance"):
+            return EMPTY
+        # a model called (``model(x)``, ``self.critic(x)``, ``model.forward(x)``): its forward; a method of a model
+        # that runs it (``agent.get_action_and_value(obs)``) too; ``generate`` makes rollouts
+        target = call.func
+        if a.callee(call) is None:
+            whole = self.models.model(target, frame) if isinstance(target, (cst.Name, cst.Attribute)) else None
+            if whole is not None and method not in S.NON_FORWARD_METHODS:
+                return self._forward(call, whole, frame)
+            owner = self.models.model(recv, frame) if recv is not None and isinstance(
+                recv, (cst.Name, cst.Attribute, cst.Call)) else None
+            if owner is not None and method not in S.NON_FORWARD_METHODS and method not in S.SAME_VALUE_METHODS:
+                if S.ROLLOUT_CALL.fullmatch(method or ""):
+                    return frozenset({Origin(ROLLOUT, id(call), False, name=method)})
+                origins = self._forward(call, owner, frame)
+                if S.INFERENCE_METHOD.fullmatch(method or ""):
+                    # `model.infer_logprobs(...)`: code the linter cannot read, named for inference; whether it
+                    # runs with autograd cannot be told
+                    origins = frozenset(replace(o, grad=None) if o.grad else o for o in origins)
+                return origins
+            if method == "generate":
+                return frozenset({Origin(ROLLOUT, id(call), False, name=method)})
+        # log-probs and entropies
+        if name in S.LOG_SOFTMAX or method == "log_softmax":
+            source = call.args[0].value if method is None and call.args else recv
+            return self._context(self._what(trace.value(source, frame), "logprobs"), call, frame)
+        if method == "gather" or name in S.GATHER:
+            source = recv if method == "gather" and name not in S.GATHER else S.argument(call, 0, "input")
+            return self._context(trace.value(source, frame), call, frame)
+        if S.LOGPROB_HELPER.fullmatch(last) and a.callee(call) is None:
+            logits = S.argument(call, 0, "logits")
+            return self._context(self._what(trace.value(logits, frame), "logprobs"), call, frame)
+        if name in S.CROSS_ENTROPY:
+            return self._context(self._what(trace.value(S.argument(call, 0, "input"), frame), "nll"), call, frame)
+        if (S.ENTROPY_HELPER.fullmatch(last) or name in S.ENTROPY_FUNCTIONS) and a.callee(call) is None:
+            source = S.argument(call, 0, "logits") if call.args else recv
+            return self._context(self._what(trace.value(source, frame), "entropy"), call, frame)
+        if method in ("entropy", "log_prob") and recv is not None:
+            dist = self._distribution(trace, recv, frame)
+            if dist is not None:
+                return self._context(self._what(dist, "entropy" if method == "entropy" else "logprobs"), call, frame)
+        # a function of this module: walked into
+        helper = trace.helper_call(call, frame)
+        if helper is not None:
+            return helper
+        summary = a.summary_of_call(call)
+        if summary is not None:
+            return self._summarised(trace, call, summary, frame)
+        # a function of another module taking a model: a forward of that model, unless it makes rollouts
+        model_args = [(arg, m) for arg in call.args
+                      for m in [self.models.model(arg.value, frame) if isinstance(arg.value, (cst.Name, cst.Attribute)) else None]
+                      if m is not None]
+        if model_args and method not in S.NON_FORWARD_METHODS:
+            if S.ROLLOUT_CALL.fullmatch(last or ""):
+                return frozenset({Origin(ROLLOUT, id(call), False, name=last)})
+            if re.fullmatch(r"(?i)\w*(prepare|wrap|build|make|create|init|load|save|copy|unwrap|setup|register)\w*",
+                            last or ""):
+                return EMPTY
+            origins = self._forward(call, model_args[0][1], frame)
+            if _no_grad_keyword(call):
+                origins = self._off(origins)
+            return origins
+        # anything else: what goes in comes out (receiver and arguments), autograd as the context says
+        found: set = set()
+        if method is not None and recv is not None and method not in ("append", "extend", "update"):
+            found |= trace.value(recv, frame)
+        for arg in call.args:
+            if arg.keyword is not None and arg.keyword.value in ("dim", "index", "device", "dtype", "mask",
+                                                                    "attention_mask", "position_ids"):
+                continue
+            found |= trace.value(arg.value, frame)
+        origins = frozenset(found)
+        if _no_grad_keyword(call):
+            origins = self._off(origins)
+        return self._context(origins, call, frame)
+
+    def _distribution(self, trace, expr, frame) -> frozenset | None:
+        """The logits' origins of ``Categorical(logits=...)`` behind ``expr`` (through names)."""
+        if isinstance(expr, cst.Call) and (self.a.call_name(expr) or "") in S.CATEGORICAL:
+            logits = S.argument(expr, None, "logits") or S.argument(expr, None, "probs") or S.argument(expr, 0, None)
+            return trace.value(logits, frame) if logits is not None else EMPTY
+        key = key_of(expr)
+        if key is not None:
+            defs = self.a.flow.reaching(key, expr)
+            found = [self._distribution(trace, d.value, frame) for d in defs if d.kind == "assign" and d.value is not None]
+            found = [f for f in found if f is not None]
+            if found:
+                return self.join(found)
+        return None
+
+    def _summarised(self, trace, call, summary, frame) -> frozenset:
+        """A function of another file of the linted tree, through its summary: what it returns derives from the
+        arguments it names (``returns_from``), runs the model it is given, and carries autograd as it says."""
+        found: set = set()
+        bindings = dict(_bind_by_names(summary.params, call))
+        for name in summary.returns_from:
+            if name in bindings:
+                found |= trace.value(bindings[name], frame)
+        if summary.returns_detached or summary.grad_off_for(call):
+            return self._off(frozenset(found))
+        model_args = [self.models.model(arg.value, frame) for arg in call.args
+                      if isinstance(arg.value, (cst.Name, cst.Attribute))]
+        model_args = [m for m in model_args if m is not None]
+        if model_args and summary.runs_model:
+            return self._forward(call, model_args[0], frame, summary.returns_role or "output")
+        return self._context(frozenset(found), call, frame)
+
+    def leaf(self, trace, expr, frame):
+        return EMPTY  # a global or builtin
+
+    def param(self, trace, d: Def, expr, frame):
+        return frozenset({Origin(PARAM, id(d.stmt), None, name=d.key)})
+
+    def item(self, trace, container, entry):
+        if any(o.kind == FORWARD for o in container):
+            return self._attribute(trace, container, entry)
+        return frozenset({Origin(READ, 0, None, name=entry)}) if container or True else EMPTY
+
+    def element(self, trace, whole, position):
+        return whole
+
+    def iterate(self, trace, iterable, d):
+        return frozenset(replace(o, kind=READ) if o.kind == PARAM else o for o in iterable)
+
+    def enter(self, trace, manager, d):
+        return manager
+
+    def aug(self, trace, before, op, operand, d):
+        return self._context(before | operand, d.stmt, None)
+
+    def opaque(self, trace, d, expr):
+        return EMPTY
+
+
+def _bind_by_names(params: list[str], call: cst.Call) -> list[tuple[str, cst.BaseExpression]]:
+    """A call's arguments by the callee's parameter names (``self`` already left out of ``params``)."""
+    out = []
+    positional = [a for a in call.args if a.keyword is None and not a.star]
+    for name, arg in zip(params, positional):
+        out.append((name, arg.value))
+    names = set(params)
+    out += [(arg.keyword.value, arg.value) for arg in call.args if arg.keyword is not None and arg.keyword.value in names]
+    return out
+
+
+def _no_grad_keyword(call: cst.Call) -> bool:
+    for arg in call.args:
+        if arg.keyword is not None and arg.keyword.value in S.NO_GRAD_KEYWORDS:
+            value = S.literal_bool(arg.value)
+            if value is not None and value == S.NO_GRAD_KEYWORDS[arg.keyword.value]:
+                return True
+    return False
+
+
+def provenance(a: "Analysis") -> Trace:
+    return a.facet("provenance", lambda an: Trace(an, ProvenanceFacet(an), budget=80000))
+
+
+def forwards(a: "Analysis", expr: cst.BaseExpression, grad: bool | None = None) -> list[Origin]:
+    """The model forwards ``expr``'s value comes from (``grad``: only those whose autograd state is ``grad``)."""
+    found = provenance(a).value(expr)
+    return [o for o in found if o.kind == FORWARD and (grad is None or o.grad is grad)]

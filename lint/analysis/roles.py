@@ -1,0 +1,148 @@
+"""Roles of values from how they are used: targets, old log-probs, losses that are backpropagated.
+
+A name gives a *hint* of a role (``old_logp``, ``advantages``); these queries supply the structural side:
+``exp(cur - y)`` makes ``y`` the old log-probs of a ratio; a value that is itself ``.backward()``-ed is a loss,
+whatever its name; the value a model's ``forward`` returns is that model's output. Rules combine a hint with
+a structural fact, and a structural fact that contradicts the hint wins.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import libcst as cst
+
+from rlguard.lint.analysis import semantics as S
+from rlguard.lint.analysis.index import Def, dotted_name, key_of
+
+if TYPE_CHECKING:
+    from rlguard.lint.analysis import Analysis
+
+TARGET_ROLES = ("old_logp", "ref_logp", "advantages", "returns")
+# Short names that play these roles in RL code but mean other things elsewhere (``ret = fn(module)``).
+TOO_GENERIC = frozenset({"ret", "rets", "targets", "A", "r", "target", "returns_", "out", "res", "result"})
+# Pass-through calls between a value and the `.backward()` that makes it a loss.
+REDUCING = frozenset({"sum", "mean", "nansum", "nanmean", "float", "double", "to", "squeeze", "contiguous", "clone",
+                      "view", "reshape", "flatten", "masked_select", "abs", "pow"})
+
+
+def hinted_role(a: "Analysis", target: cst.BaseExpression, roles=TARGET_ROLES) -> str | None:
+    """The first of ``roles`` that ``target``'s own name plays (never a dict key or a too generic name)."""
+    name = dotted_name(target)
+    if name is None:
+        return None
+    bare = name.rsplit(".", 1)[-1]
+    if bare in TOO_GENERIC:
+        return None
+    for role in roles:
+        if a.names.is_role(bare, role):
+            return role
+    return None
+
+
+# ----- backward ---------------------------------------------------------------------------------------------
+def backward_calls(a: "Analysis") -> list[cst.Call]:
+    """``x.backward()``, ``accelerator.backward(x)``, ``self.manual_backward(x)``, ``scaler.scale(x).backward()``."""
+    def build(an):
+        return [c for c in an.nodes(cst.Call) if S.method_name(c) in S.BACKWARD_METHODS]
+    return a.facet("backward_calls", build)
+
+
+def backward_loss(call: cst.Call) -> cst.BaseExpression | None:
+    """The loss a backward call propagates: ``loss.backward()`` -> loss; ``accelerator.backward(loss)`` -> loss;
+    ``scaler.scale(loss).backward()`` -> loss."""
+    recv = S.receiver(call)
+    if recv is None:
+        return None
+    loss = recv
+    if call.args and call.args[0].keyword is None:
+        name = dotted_name(recv) or ""
+        if S.ENGINE_NAME.fullmatch(name.rsplit(".", 1)[-1]) or name in ("self", "torch.autograd") or \
+                name.endswith(("model", "module", "engine", "accelerator", "strategy", "fabric")):
+            loss = call.args[0].value
+    while isinstance(loss, cst.Call) and S.method_name(loss) == "scale" and loss.args:
+        loss = loss.args[0].value
+    return loss
+
+
+def is_backpropagated(a: "Analysis", d: Def) -> bool:
+    """Whether the value bound by ``d`` is itself what a ``.backward()`` propagates (through reductions):
+    ``ref_logp.sum().backward()`` makes ``ref_logp`` a loss, not a target."""
+    for call in backward_calls(a):
+        loss = backward_loss(call)
+        while isinstance(loss, cst.Call) and S.method_name(loss) in REDUCING:
+            loss = S.receiver(loss)
+        key = key_of(loss) if loss is not None else None
+        if key == d.key and any(r is d for r in a.flow.reaching(key, loss)):
+            return True
+    return False
+
+
+MODEL_OWN_METHODS = frozenset({"forward", "__call__", "generate", "sample", "_generate", "decode"})
+
+
+def in_model_code(a: "Analysis", d: Def) -> bool:
+    """Whether ``d`` sits in a model's own forward or generation code (a method of a class that defines
+    ``forward``): its values are the model's internals and outputs, not a trainer's targets."""
+    func = a.index.function_scope(d.stmt).node
+    if not isinstance(func, cst.FunctionDef) or func.name.value not in MODEL_OWN_METHODS:
+        return False
+    cls = a.enclosing_class(func)
+    if cls is not None and func.name.value != "forward":
+        return a.method_of(cls, "forward") is not None
+    return returned_by_forward(a, d) or (cls is not None and func.name.value == "forward")
+
+
+def returned_by_forward(a: "Analysis", d: Def) -> bool:
+    """Whether ``d`` binds what a ``forward``/``__call__`` method returns: a model's output, not a target."""
+    func = a.index.function_scope(d.stmt).node
+    if not isinstance(func, cst.FunctionDef) or func.name.value not in ("forward", "__call__"):
+        return False
+    for ret in a.index.scopes[id(func)].returns:
+        value = ret.value
+        if value is None:
+            continue
+        elements = [el.value for el in value.elements] if isinstance(value, (cst.Tuple, cst.List)) else [value]
+        for el in elements:
+            key = key_of(el)
+            if key == d.key and any(r is d for r in a.flow.reaching(key, el)):
+                return True
+    return False
+
+
+# ----- old log-probs by their use ------------------------------------------------------------------------------
+def ratio_terms(a: "Analysis") -> list[tuple[cst.Call, cst.BaseExpression, cst.BaseExpression]]:
+    """``exp(cur - y)`` calls (``torch.exp``, ``.exp()``): (call, ``cur``, ``y``)."""
+    def build(an):
+        found = []
+        for call in an.nodes(cst.Call):
+            exponent = None
+            if S.method_name(call) == "exp" and not call.args:
+                exponent = S.receiver(call)
+            elif an.call_name(call) in ("torch.exp", "math.exp", "numpy.exp") and call.args:
+                exponent = call.args[0].value
+            if isinstance(exponent, cst.BinaryOperation) and isinstance(exponent.operator, cst.Subtract):
+                found.append((call, exponent.left, exponent.right))
+        return found
+    return a.facet("ratio_terms", build)
+
+
+def old_logp_arguments(a: "Analysis") -> list[tuple[cst.BaseExpression, cst.Call]]:
+    """Expressions passed where old log-probs are expected: an ``old_logp``-named keyword, or positionally to a
+    same-module function's ``old_logp``-named parameter."""
+    def build(an):
+        found = []
+        for call in an.nodes(cst.Call):
+            for arg in call.args:
+                if arg.keyword is not None and an.names.is_role(arg.keyword.value, "old_logp"):
+                    found.append((arg.value, call))
+            func = an.callee(call)
+            if func is not None:
+                from rlguard.lint.analysis.values import bind_arguments
+
+                for param, (value, _frame) in bind_arguments(func, call, None):
+                    if an.names.is_role(param, "old_logp") and not any(
+                            arg.keyword is not None and arg.keyword.value == param for arg in call.args):
+                        found.append((value, call))
+        return found
+    return a.facet("old_logp_arguments", build)

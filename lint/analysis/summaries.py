@@ -1,0 +1,259 @@
+"""Function summaries: what a function does, for the calls that reach it from other files of the linted tree.
+
+Before the rules run on a file, every function and method of the files it imports from the linted tree is
+summarised (in terms of its own parameters, as Pysa's summaries are): whether it runs its work without autograd
+(always, or when a parameter such as ``use_grad`` says so), whether it returns one of its arguments or a new object
+(a factory), whether what it returns carries autograd and is log-probs, logits or an entropy, whether it runs a
+model it is given, which optimizers it zeroes or steps and whether it calls ``.backward()``. A call into another
+file is then judged from the callee's summary (:meth:`rlguard.lint.analysis.Analysis.summary_of_call`).
+
+Summaries are plain data (JSON-friendly), computed in the worker that parses the file, cached by content with
+the findings, and keyed by qualified name (``package.module.function``, ``package.module.Class.method``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import libcst as cst
+
+from rlguard.lint.analysis import semantics as S
+from rlguard.lint.analysis.index import dotted_name, params_of
+
+if TYPE_CHECKING:
+    from rlguard.lint.analysis import Analysis
+
+VERSION = 1
+
+
+@dataclass
+class FunctionSummary:
+    qualname: str
+    params: list[str] = field(default_factory=list)
+    grad_off: bool = False  # its work runs without autograd whatever the arguments
+    grad_param: tuple[str, bool] | None = None  # (parameter, value with which it runs without autograd)
+    returns_param: tuple[int, str] | None = None  # returns this argument itself (position, name)
+    returns_new: bool = False  # returns an object it builds (a factory)
+    returns_detached: bool = False  # what it returns carries no autograd
+    returns_role: str | None = None  # "logprobs", "logits", "entropy" when every return is one
+    returns_from: list[str] = field(default_factory=list)  # parameters whose values flow into what it returns
+    runs_model: bool = False  # calls one of its parameters as a model (or a helper that does)
+    zeroes: list[str] = field(default_factory=list)  # parameters / "self.x" whose gradients it zeroes
+    steps: list[str] = field(default_factory=list)  # parameters / "self.x" whose optimizer it steps
+    backward: bool = False
+
+    def returned_argument(self) -> tuple[int | None, str] | None:
+        if self.returns_param is None:
+            return None
+        pos, name = self.returns_param
+        return pos, name
+
+    def grad_off_for(self, call: cst.Call) -> bool:
+        if self.grad_off:
+            return True
+        if self.grad_param is not None:
+            name, value = self.grad_param
+            for arg in call.args:
+                if arg.keyword is not None and arg.keyword.value == name:
+                    return S.literal_bool(arg.value) == value
+            if name in self.params:
+                pos = self.params.index(name)
+                positional = [a for a in call.args if a.keyword is None and not a.star]
+                if pos < len(positional):
+                    return S.literal_bool(positional[pos].value) == value
+        return False
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict) -> "FunctionSummary":
+        data = dict(data)
+        for key in ("grad_param", "returns_param"):
+            if data.get(key) is not None:
+                data[key] = tuple(data[key])
+        return cls(**data)
+
+
+class Project:
+    """The linted tree's function summaries, loaded on demand: a call into ``pkg.mod.f`` parses ``pkg/mod.py``
+    (found under the source roots of the linted files) once per process and summarises it; the file being linted
+    records its own summaries as it goes. ``consulted`` lists the files whose summaries a lint used, with their
+    content hashes, so a cached result is redone when one of them changes."""
+
+    def __init__(self, roots: list[Path] | tuple = (), vocabulary=None):
+        self.roots = [Path(r) for r in roots]
+        self.vocabulary = vocabulary
+        self.consulted: dict[str, str] = {}  # path -> content hash, for the file being linted
+        self._modules: dict[str, Path | None] = {}
+
+    def begin_file(self) -> None:
+        self.consulted = {}
+
+    def get(self, qualname: str) -> FunctionSummary | None:
+        parts = qualname.split(".")
+        for i in range(len(parts) - 1, 0, -1):
+            module = ".".join(parts[:i])
+            path = self.find_module(module)
+            if path is not None:
+                summaries = self.load(module, path)
+                return summaries.get(qualname) if summaries is not None else None
+        return None
+
+    def find_module(self, module: str) -> Path | None:
+        if module in self._modules:
+            return self._modules[module]
+        found = None
+        rel = Path(*module.split("."))
+        for root in self.roots:
+            for candidate in (root / rel.with_suffix(".py"), root / rel / "__init__.py"):
+                if candidate.is_file():
+                    found = candidate
+                    break
+            if found is not None:
+                break
+        self._modules[module] = found
+        return found
+
+    def load(self, module: str, path: Path) -> dict[str, FunctionSummary] | None:
+        try:
+            text = path.read_bytes().decode("utf-8-sig")
+        except (OSError, UnicodeDecodeError):
+            return None
+        digest = content_hash(text)
+        self.consulted[str(path)] = digest
+        hit = _STORE.get(digest)
+        if hit is None:
+            hit = _STORE[digest] = _summarise_source(text, str(path), module, self.vocabulary)
+        return hit
+
+    def record(self, text: str, summaries: dict[str, FunctionSummary]) -> None:
+        _STORE[content_hash(text)] = summaries
+
+
+def content_hash(text: str) -> str:
+    return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()
+
+
+# Summaries by file content hash, for the life of the process (workers keep their own).
+_STORE: dict[str, dict[str, FunctionSummary]] = {}
+
+
+def _summarise_source(text: str, path: str, module: str, vocabulary) -> dict[str, FunctionSummary]:
+    from rlguard.lint.analysis import Analysis
+
+    try:
+        tree = cst.parse_module(text)
+        analysis = Analysis(tree, path, vocabulary, project=None, module_name=module)
+        return summarise_module(analysis, module)
+    except Exception:  # noqa: BLE001 - a helper file that does not parse or trips the analysis: no summaries
+        return {}
+
+
+def module_name_for(path: Path) -> tuple[str, Path]:
+    """``pkg/sub/mod.py`` -> ("pkg.sub.mod", the folder above ``pkg``): the package chain of ``__init__.py``
+    files decides where the source root is."""
+    path = Path(os.path.abspath(path))
+    parts = [path.stem] if path.name != "__init__.py" else []
+    folder = path.parent
+    while (folder / "__init__.py").is_file() and folder.parent != folder:
+        parts.insert(0, folder.name)
+        folder = folder.parent
+    return ".".join(parts) or path.stem, folder
+
+
+def summarise_module(a: "Analysis", module_name: str) -> dict[str, FunctionSummary]:
+    """Summaries of every module-level function and every method of a module-level class."""
+    out: dict[str, FunctionSummary] = {}
+    for stmt in a.module.body:
+        if isinstance(stmt, cst.FunctionDef):
+            out[f"{module_name}.{stmt.name.value}"] = summarise(a, stmt, f"{module_name}.{stmt.name.value}")
+        elif isinstance(stmt, cst.ClassDef):
+            for method in a.index.methods(stmt):
+                qual = f"{module_name}.{stmt.name.value}.{method.name.value}"
+                out[qual] = summarise(a, method, qual)
+    return out
+
+
+def summarise(a: "Analysis", func: cst.FunctionDef, qualname: str) -> FunctionSummary:
+    from rlguard.lint.analysis.grad import grad_context
+    from rlguard.lint.analysis.provenance import FORWARD, PARAM, objects, provenance
+
+    params = [p.name.value for p in params_of(func.params)]
+    positional = [p.name.value for p in (*func.params.posonly_params, *func.params.params)]
+    if positional and positional[0] in ("self", "cls"):
+        positional = positional[1:]
+    summary = FunctionSummary(qualname, params=[p for p in params if p not in ("self", "cls")])
+    info = a.index.scopes[id(func)]
+    returns = [r for r in info.returns if r.value is not None and a.index.function_scope(r).node is func]
+    grad = grad_context(a)
+    if any(grad.manager(d.decorator, None) is False for d in func.decorators):
+        summary.grad_off = True
+    summary.grad_param = _grad_param(a, func)
+
+    if returns:
+        objs = [objects(a).value(r.value) for r in returns]
+        roots = [o for value in objs if isinstance(value, frozenset) for o in value]
+        func_key = f"{info.cls.name.value}." if info.cls is not None else ""
+        prefix = f"{func_key}{func.name.value}:"
+        param_roots = {o.key[len(prefix):] for o in roots if o.kind == "param" and o.key.startswith(prefix)}
+        if roots and len(param_roots) == 1 and all(o.kind == "param" and o.key.startswith(prefix) for o in roots):
+            name = param_roots.pop()
+            if name in params and name not in ("self", "cls"):
+                summary.returns_param = (positional.index(name) if name in positional else None, name)
+        elif roots and all(o.kind == "new" for o in roots):
+            summary.returns_new = True
+        origins = [provenance(a).value(r.value) for r in returns]
+        states = [grad.enabled(r) for r in returns]
+        flat = [o for value in origins for o in value]
+        forwards = [o for o in flat if o.kind == FORWARD]
+        if all(s is False for s in states) or (forwards and all(o.grad is False for o in forwards)):
+            summary.returns_detached = True
+        whats = {o.what for o in forwards}
+        if forwards and len(whats) == 1 and whats <= {"logprobs", "logits", "entropy"}:
+            summary.returns_role = whats.pop()
+        summary.runs_model = bool(forwards) and any(
+            any(n in params for n in (o.model.names if o.model else ())) for o in forwards)
+        summary.returns_from = sorted({o.name for o in flat if o.kind == PARAM and o.name in params
+                                       and o.name not in ("self", "cls")})
+    for call in a.index.descendants(func, cst.Call):
+        if a.index.function_scope(call).node is not func:
+            continue
+        method = S.method_name(call)
+        recv = S.receiver(call)
+        target = dotted_name(recv) if recv is not None else None
+        if method in S.ZERO_GRAD_METHODS and target:
+            summary.zeroes.append(target)
+        elif method in S.BACKWARD_METHODS:
+            summary.backward = True
+        elif method == "step" and target:
+            summary.steps.append(target)
+    return summary
+
+
+def _grad_param(a: "Analysis", func: cst.FunctionDef) -> tuple[str, bool] | None:
+    """``ctx = torch.no_grad() if not use_grad else nullcontext(); with ctx:`` and the like: the parameter and the
+    value with which the function's ``with`` turns autograd off."""
+    from rlguard.lint.analysis.grad import grad_context
+    from rlguard.lint.analysis.values import Frame
+
+    grad = grad_context(a)
+    params = [p.name.value for p in params_of(func.params)]
+    for with_stmt in a.index.descendants(func, cst.With):
+        for item in with_stmt.items:
+            if grad.manager(item.item, None) is not None:
+                continue
+            for name in params:
+                for value in (False, True):
+                    literal = cst.Name("True" if value else "False")
+                    frame = Frame(func, None, ((name, (literal, None)),), None, 1)
+                    if grad.manager(item.item, frame) is False:
+                        return name, value
+    return None
+
+
+__all__ = ["FunctionSummary", "Project", "VERSION", "module_name_for", "summarise", "summarise_module"]
