@@ -147,6 +147,9 @@ class ObjectFacet(Facet):
         fname = func.name.value if isinstance(func, cst.FunctionDef) else "<lambda>"
         cls = self.a.index.scopes[id(func)].cls if id(func) in self.a.index.scopes else None
         owner = f"{cls.name.value}." if cls is not None else ""
+        if cls is not None and d.key in ("self", "cls") and self.a.index.scopes[id(func)].params[:1] == [d.key]:
+            # every method's `self` is the same object: its attributes have one identity across the class
+            return frozenset({Obj("param", f"{owner}self", ("self",))})
         return frozenset({Obj("param", f"{owner}{fname}:{d.key}", (d.key,))})
 
     def opaque(self, trace, d: Def, expr):
@@ -160,9 +163,11 @@ class ObjectFacet(Facet):
         return frozenset(Obj("attr", f"{o.key}.{entry}", (entry,)) for o in container)
 
     def element(self, trace, whole, position):
-        if isinstance(whole, Tup) and position < len(whole.elements):
-            return whole.elements[position]
-        return EMPTY
+        if isinstance(whole, Tup):
+            return whole.elements[position] if position < len(whole.elements) else EMPTY
+        # an element of what a call returned: its own object, remembering where it came from
+        return frozenset(Obj(o.kind if o.kind == "opaque" else "attr", f"{o.key}[{position}]", o.names, o.node_id)
+                         for o in whole)
 
     def enter(self, trace, manager, d):
         return manager if not isinstance(manager, Tup) else EMPTY  # `with unwrap(model) as m`: the model

@@ -6,12 +6,10 @@ from typing import Iterator
 
 import libcst as cst
 
-from rlguard.lint.context import ModuleContext, dotted_name, method_name, receiver
+from rlguard.lint.analysis import Analysis
+from rlguard.lint.analysis.grad import call_sites
+from rlguard.lint.analysis.loops import ALL, UNKNOWN, Training, Zeroing, training
 from rlguard.lint.rule import Invalid, Rule, Valid, Violation
-from rlguard.lint.rules._loops import is_optimizer, loop_index, same_object
-
-ZERO_METHODS = frozenset({"zero_grad", "zero_grads", "clear_grad", "clear_grads", "clear_gradients"})
-GRAD_RESETS = frozenset({"zero_", "detach_", "fill_", "requires_grad_"})
 
 
 class GradNotZeroed(Rule):
@@ -63,6 +61,7 @@ class GradNotZeroed(Rule):
     """
 
     code = "RLG013"
+    on_core = True
     triggers = r"(?i)opt\w*\s*\.\s*step\s*\(|scaler\.step\s*\("
 
     VALID = [
@@ -197,29 +196,29 @@ class GradNotZeroed(Rule):
                 "        update(model, optimizer, batch)\n", line=4, why="the helper's caller loops, never zeroes"),
     ]
 
-    def check(self, ctx: ModuleContext) -> Iterator[Violation]:
-        index = loop_index(ctx)
-        if not index.step_calls:
+    def check(self, ctx: Analysis) -> Iterator[Violation]:
+        train = training(ctx)
+        facts = train.facts
+        if not facts.steps:
             return
-        zeros = _zeroing(ctx)
-        for call, opt in index.step_calls:
+        for call, opt in facts.steps:
             # `for opt in optimizers: opt.step()` steps each optimizer once: that loop is no training loop
             opt_names = _names(opt)
             loops = [loop for loop in ctx.enclosing_loops(call)
                      if not (isinstance(loop, cst.For) and _names(loop.target) & opt_names)]
             if loops:
-                if _zeroed_in_loops(ctx, call, opt, loops, zeros):
+                if _zeroed_in_loops(ctx, train, call, opt, loops):
                     continue
                 yield Violation(call, f"`{_text(ctx, call)}` runs in a loop with no zero_grad for that optimizer "
                                       "between steps, so gradients accumulate across updates; call "
                                       f"`{_text(ctx, opt)}.zero_grad()` before each backward (or after the step)")
                 continue
             func = ctx.enclosing_function(call)
-            if func is None or any(ctx.contains(func, z) and _matches(ctx, z, o, opt) for z, o in zeros):
+            if func is None or any(ctx.contains(func, z.node) and _matches(train, z, opt) for z in facts.zeroing):
                 continue
-            for site in _call_sites(ctx, func):
+            for site in call_sites(ctx, func):
                 site_loops = ctx.enclosing_loops(site)
-                if site_loops and not any(ctx.contains(site_loops[0], z) for z, _ in zeros):
+                if site_loops and not any(ctx.contains(site_loops[0], z.node) for z in facts.zeroing):
                     yield Violation(call, f"`{_text(ctx, call)}` has no zero_grad before it, and "
                                           f"`{func.name.value}()` is called in a loop that does not zero "
                                           "either, so gradients accumulate across updates; call "
@@ -227,78 +226,31 @@ class GradNotZeroed(Rule):
                     break
 
 
-def _text(ctx: ModuleContext, node: cst.CSTNode) -> str:
-    return ctx.module.code_for_node(node).strip()
+def _text(ctx: Analysis, node: cst.CSTNode) -> str:
+    return ctx.code(node).strip()
 
 
-def _zeroed_in_loops(ctx, call, opt, loops, zeros) -> bool:
+def _zeroed_in_loops(ctx: Analysis, train: Training, call, opt, loops) -> bool:
+    zeroing = train.facts.zeroing
     inner = loops[0]
-    if any(ctx.contains(inner, z) and _matches(ctx, z, o, opt) for z, o in zeros):
+    if any(ctx.contains(inner, z.node) and _matches(train, z, opt) for z in zeroing):
         return True
     conditional = any(isinstance(a, cst.If) for a in _between(ctx, call, inner))
     if conditional:
-        return any(ctx.contains(loop, z) and _matches(ctx, z, o, opt) for loop in loops[1:] for z, o in zeros)
+        return any(ctx.contains(loop, z.node) and _matches(train, z, opt) for loop in loops[1:] for z in zeroing)
     return False
 
 
-def _between(ctx: ModuleContext, node: cst.CSTNode, outer: cst.CSTNode):
+def _between(ctx: Analysis, node: cst.CSTNode, outer: cst.CSTNode):
     for anc in ctx.ancestors(node):
         if anc is outer:
             return
         yield anc
 
 
-def _matches(ctx: ModuleContext, zero: cst.CSTNode, zero_opt: cst.BaseExpression | None,
-             opt: cst.BaseExpression) -> bool:
-    return zero_opt is None or same_object(ctx, zero_opt, opt)
-
-
-def _zeroing(ctx: ModuleContext) -> list[tuple[cst.CSTNode, cst.BaseExpression | None]]:
-    """Every statement that zeroes gradients, with the optimizer it zeroes (None: parameters in general)."""
-    found: list[tuple[cst.CSTNode, cst.BaseExpression | None]] = []
-    helpers: set[str] = set()
-    for call in ctx.nodes(cst.Call):
-        name = method_name(call)
-        func_name = call.func.value if isinstance(call.func, cst.Name) else None
-        recv = receiver(call)
-        if name in ZERO_METHODS or (func_name and "zero_grad" in func_name):
-            opt = recv if recv is not None and is_optimizer(ctx, recv) and not _loop_variable(ctx, recv) else None
-            found.append((call, opt))
-        elif name in GRAD_RESETS and recv is not None and _is_grad(recv):
-            found.append((call, None))
-        else:
-            continue
-        func = ctx.enclosing_function(call)
-        if func is not None:
-            helpers.add(func.name.value)
-    for stmt in ctx.nodes(cst.Assign):
-        if any(_is_grad(t.target) for t in stmt.targets):
-            found.append((stmt, None))
-            func = ctx.enclosing_function(stmt)
-            if func is not None:
-                helpers.add(func.name.value)
-    if helpers:
-        for call in ctx.nodes(cst.Call):
-            name = call.func.value if isinstance(call.func, cst.Name) else method_name(call)
-            if name in helpers:
-                found.append((call, None))
-    return found
-
-
-def _is_grad(expr: cst.BaseExpression) -> bool:
-    """``p.grad``, ``p.grad.data``."""
-    name = dotted_name(expr)
-    return name is not None and (name.endswith(".grad") or name.endswith(".grad.data"))
-
-
-def _call_sites(ctx: ModuleContext, func: cst.FunctionDef) -> Iterator[cst.Call]:
-    name = func.name.value
-    for call in ctx.nodes(cst.Call):
-        if isinstance(call.func, cst.Name) and call.func.value == name:
-            yield call
-        elif isinstance(call.func, cst.Attribute) and call.func.attr.value == name and \
-                dotted_name(call.func.value) in ("self", "cls"):
-            yield call
+def _matches(train: Training, zero: Zeroing, opt: cst.BaseExpression) -> bool:
+    """Whether the zeroing covers ``opt``: every optimizer, one the linter cannot rule out, or the same one."""
+    return bool(zero.roots & {ALL, UNKNOWN}) or bool(zero.roots & train.roots(opt))
 
 
 def _names(expr: cst.CSTNode) -> set[str]:
@@ -314,10 +266,3 @@ def _names(expr: cst.CSTNode) -> set[str]:
         else:
             stack.extend(node.children)
     return found
-
-
-def _loop_variable(ctx: ModuleContext, expr: cst.BaseExpression) -> bool:
-    """``o`` in ``for o in (actor_opt, critic_opt): o.zero_grad()``: it stands for several optimizers."""
-    if not isinstance(expr, cst.Name):
-        return False
-    return any(isinstance(a.statement, (cst.For, cst.CompFor)) for a in ctx.assignments_to(expr.value, expr))
