@@ -552,6 +552,19 @@ class ProvenanceFacet(Facet):
     def opaque(self, trace, d, expr):
         return EMPTY
 
+    def helper(self, trace, call, returns, frame):
+        """A helper's result: forwards that ran inside it ran *at this call* as far as the caller can see (the
+        call is what sits in the caller's loop)."""
+        func = self.a.callee(call)
+        out = set()
+        for o in self.join(returns):
+            node = self.nodes.get(o.node_id)
+            if o.kind == FORWARD and func is not None and node is not None and self.a.contains(func, node):
+                self.nodes[id(call)] = call
+                o = replace(o, node_id=id(call))
+            out.add(o)
+        return frozenset(out)
+
 
 def _bind_by_names(params: list[str], call: cst.Call) -> list[tuple[str, cst.BaseExpression]]:
     """A call's arguments by the callee's parameter names (``self`` already left out of ``params``)."""

@@ -6,9 +6,14 @@ from typing import Iterator
 
 import libcst as cst
 
-from rlguard.lint.context import ModuleContext, dotted_name, method_name
+from rlguard.lint.analysis import Analysis, dotted_name
+from rlguard.lint.analysis import semantics as S
+from rlguard.lint.analysis.grad import call_sites
+from rlguard.lint.analysis.index import Def, key_of
+from rlguard.lint.analysis.loops import EPOCH_WORD, training
+from rlguard.lint.analysis.provenance import FORWARD, PARAM, READ, REMOTE, provenance
+from rlguard.lint.analysis.roles import old_logp_arguments, ratio_terms
 from rlguard.lint.rule import Invalid, Rule, Valid, Violation
-from rlguard.lint.rules._loops import forward_calls, is_reference_forward, update_loops
 
 
 class OldLogpRecomputed(Rule):
@@ -62,6 +67,7 @@ class OldLogpRecomputed(Rule):
     """
 
     code = "RLG002"
+    on_core = True
     triggers = (r"(?i)(old|behaviou?r|rollout|sampl\w*|mu)_?(per_token_)?log_?p|"
                 r"\.exp\(\)|torch\.exp\(")
 
@@ -115,6 +121,29 @@ class OldLogpRecomputed(Rule):
               "    with torch.no_grad():\n"
               "        old_logp, value = agent.act(obs)\n"
               "    obs, reward, done, info = env.step(action)\n", "rollout loop (env.step)"),
+        Valid("class Actor:\n"
+              "    def update(self, data):\n"
+              "        chunks = data.split(self.cfg.mini_batch)\n"
+              "        single_step = self.cfg.epochs == 1 and len(chunks) == 1\n"
+              "        for _ in range(self.cfg.epochs):\n"
+              "            for chunk in chunks:\n"
+              "                self.opt.zero_grad()\n"
+              "                cur = self.score(chunk)['logp']\n"
+              "                if single_step:\n"
+              "                    behaviour = cur.detach()\n"
+              "                else:\n"
+              "                    behaviour = chunk['behaviour_logp']\n"
+              "                (-(torch.exp(cur - behaviour) * chunk['adv']).mean()).backward()\n"
+              "                self.opt.step()\n",
+              "the on-policy shortcut, taken only with one epoch and one minibatch (ratio 1 is exact)"),
+        Valid("class Trainer:\n"
+              "    def compute_loss(self, model, inputs):\n"
+              "        lp = self._token_logps(model, inputs['input_ids'])\n"
+              "        old = inputs.get('old_per_token_logps')\n"
+              "        old = lp.detach() if old is None else old\n"
+              "        return -(torch.exp(lp - old) * inputs['advantages']).mean()\n",
+              "TRL-style fallback in a loss the framework calls once per optimizer step (no stored old log-probs "
+              "means one iteration per rollout)"),
     ]
     INVALID = [
         Invalid("for epoch in range(ppo_epochs):\n"
@@ -166,74 +195,129 @@ class OldLogpRecomputed(Rule):
                 "        pass\n", line=4, why="through a forward in the same loop"),
     ]
 
-    def check(self, ctx: ModuleContext) -> Iterator[Violation]:
+    def check(self, ctx: Analysis) -> Iterator[Violation]:
+        train = training(ctx)
         used = _used_as_old_logp(ctx)
+        prov = provenance(ctx)
         for stmt in ctx.nodes(cst.Assign):
-            for target in stmt.targets:
-                for element in _elements(target.target):
-                    name = dotted_name(element)
-                    if name is None:
+            defs = [d for d in ctx.index.stmt_defs.get(id(stmt), ()) if d.kind == "assign"]
+            for d in defs:
+                name = d.key
+                bare = name.rsplit(".", 1)[-1]
+                if "[" in name or not (ctx.names.is_role(bare, "old_logp") or _used_key(ctx, d) in used):
+                    continue
+                loops = train.update_loops(stmt)
+                per_call = False
+                if not loops:
+                    # class 5: a method whose every call in the module sits in an update loop runs once per update
+                    func = ctx.enclosing_function(stmt)
+                    sites = call_sites(ctx, func) if func is not None else []
+                    if not sites or not all(train.update_loops(site) for site in sites):
                         continue
-                    if not (ctx.names.is_role(name.rsplit(".", 1)[-1], "old_logp")
-                            or (id(ctx.scope_of(stmt).node), name) in used):
-                        continue
-                    loops = update_loops(ctx, stmt)
-                    if not loops:
-                        continue
-                    forwards = [f for f in forward_calls(ctx, stmt.value, grad=False)
-                                if not is_reference_forward(ctx, f)]
-                    if any(ctx.contains(loop, f) for loop in loops for f in forwards):
-                        yield Violation(stmt.value if len(_elements(target.target)) == 1 else element,
-                                        f"old log-probs `{name}` are recomputed from the current weights inside "
-                                        "the update loop, so the PPO ratio is 1 and clipping never acts; compute "
-                                        "them once before the epoch loop (or at rollout time) and slice the "
-                                        "stored values per minibatch")
-                        break
+                    per_call = True
+                value = d.value.elements[d.element].value if d.element is not None and isinstance(
+                    d.value, (cst.Tuple, cst.List)) else d.value
+                live = [o for o in prov.value(value) if o.kind == FORWARD and
+                        (o.model is None or o.model.role in ("policy", "model"))]
+                forwards = [prov.facet.nodes.get(o.node_id) for o in live]
+                inside = [f for f in forwards if f is not None and (
+                    per_call or any(ctx.contains(loop, f) for loop in loops))]
+                if not inside or _one_step_shortcut(ctx, d):
+                    continue
+                multi = len(defs) > 1 or d.element is not None
+                yield Violation(d.target if multi and d.target is not None else stmt.value,
+                                f"old log-probs `{name}` are recomputed from the current weights inside "
+                                "the update loop, so the PPO ratio is 1 and clipping never acts; compute "
+                                "them once before the epoch loop (or at rollout time) and slice the "
+                                "stored values per minibatch")
+                break
 
 
-def _elements(target: cst.BaseExpression) -> list[cst.BaseExpression]:
-    if isinstance(target, (cst.Tuple, cst.List)):
-        return [el.value for el in target.elements]
-    return [target]
+def _used_key(ctx: Analysis, d: Def) -> tuple[int, str]:
+    return id(ctx.index.function_scope(d.stmt).node), d.key
 
 
-def _used_as_old_logp(ctx: ModuleContext) -> set[tuple[int, str]]:
-    """(scope, name) of variables used as old log-probs: passed as an old-logp argument, or subtracted from
-    the current log-probs under an ``exp``."""
+def _used_as_old_logp(ctx: Analysis) -> set[tuple[int, str]]:
+    """(function, key) of values used as old log-probs: passed as an old-logp argument, or subtracted from the
+    current log-probs under an ``exp`` (``exp(cur - y)`` with ``cur`` live log-probs of the policy)."""
     used: set[tuple[int, str]] = set()
+    prov = provenance(ctx)
 
     def add(expr: cst.BaseExpression, at: cst.CSTNode) -> None:
-        name = dotted_name(expr)
-        if name is not None:
-            used.add((id(ctx.scope_of(at).node), name))
+        key = key_of(expr)
+        if key is not None:
+            used.add((id(ctx.index.function_scope(at).node), key))
 
-    for call in ctx.nodes(cst.Call):
-        for arg in call.args:
-            if arg.keyword is not None and ctx.names.is_role(arg.keyword.value, "old_logp"):
-                add(arg.value, call)
-        if isinstance(call.func, cst.Name):
-            defs = ctx.functions.get(call.func.value)
-            if defs and len(defs) == 1:
-                params = ctx.scopes[id(defs[0])].params
-                positional = [a for a in call.args if a.keyword is None and not a.star]
-                for param, arg in zip(params, positional):
-                    if ctx.names.is_role(param, "old_logp"):
-                        add(arg.value, call)
-        exponent = None
-        if method_name(call) == "exp" and not call.args and isinstance(call.func, cst.Attribute):
-            exponent = call.func.value
-        elif ctx.call_name(call) == "torch.exp" and call.args:
-            exponent = call.args[0].value
-        if isinstance(exponent, cst.BinaryOperation) and isinstance(exponent.operator, cst.Subtract):
-            left = exponent.left
-            if _is_current_logp(ctx, left):
-                add(exponent.right, call)
+    for value, call in old_logp_arguments(ctx):
+        add(value, call)
+    for call, cur, old in ratio_terms(ctx):
+        current = prov.value(cur)
+        if any(o.kind == FORWARD and o.grad is not False for o in current) or any(
+                ctx.names.is_role(n, "logp") for n in _names_of(cur)):
+            add(old, call)
     return used
 
 
-def _is_current_logp(ctx: ModuleContext, expr: cst.BaseExpression) -> bool:
-    if any(ctx.names.is_role(n, "logp") for n in ctx.role_names(expr)):
+def _names_of(expr: cst.BaseExpression) -> list[str]:
+    key = key_of(expr)
+    return [key.rsplit(".", 1)[-1]] if key else []
+
+
+def _one_step_shortcut(ctx: Analysis, d: Def) -> bool:
+    """``if on_policy: old = logp.detach() else: old = batch["old_log_probs"]`` where the condition visibly means
+    one optimizer step per rollout (one epoch and one minibatch): the current weights are the behaviour weights and
+    ratio 1 is exact (the documented TRL and verl shortcut)."""
+    prov = provenance(ctx)
+    for anc in ctx.ancestors(d.stmt):
+        if isinstance(anc, (cst.FunctionDef, cst.ClassDef)):
+            return False
+        if isinstance(anc, cst.If) and anc.orelse is not None:
+            in_body = ctx.contains(anc.body, d.stmt)
+            other = anc.orelse if in_body else anc.body
+            if not _reads_stored(ctx, prov, other, d.key):
+                continue
+            return _bounds_to_one_step(ctx, anc.test, 3)
+    return False
+
+
+def _reads_stored(ctx: Analysis, prov, branch: cst.CSTNode, key: str) -> bool:
+    """The other branch binds ``key`` to stored data (a batch field, a parameter, another process's result)."""
+    for stmt in ctx.index.descendants(branch, cst.Assign):
+        for d in ctx.index.stmt_defs.get(id(stmt), ()):
+            if d.key == key and d.value is not None:
+                origins = prov.value(d.value)
+                if any(o.kind == FORWARD for o in origins):
+                    continue
+                # a batch field (`mb["old_log_probs"]`, `batch.old_logp`) or stored data by provenance
+                if (origins and all(o.kind in (READ, PARAM, REMOTE) for o in origins)) or isinstance(
+                        d.value, (cst.Subscript, cst.Attribute)):
+                    return True
+    return False
+
+
+def _bounds_to_one_step(ctx: Analysis, test: cst.BaseExpression, depth: int) -> bool:
+    """A condition that holds only with one epoch / one minibatch / one iteration per rollout:
+    ``len(mini_batches) == 1``, ``self.config.ppo_epochs == 1``, ``num_iterations == 1``, an ``and`` of such
+    tests, or a name bound to one."""
+    if isinstance(test, cst.BooleanOperation) and isinstance(test.operator, cst.And):
+        return _bounds_to_one_step(ctx, test.left, depth) or _bounds_to_one_step(ctx, test.right, depth)
+    if isinstance(test, cst.Comparison) and len(test.comparisons) == 1:
+        comp = test.comparisons[0]
+        if isinstance(comp.operator, cst.Equal) and S.int_value(comp.comparator) == 1:
+            return _counts_steps(test.left)
+        if isinstance(comp.operator, cst.LessThanEqual) and S.int_value(comp.comparator) == 1:
+            return _counts_steps(test.left)
+        return False
+    key = key_of(test)
+    if key is not None and depth > 0:
+        defs = ctx.flow.reaching(key, test)
+        return bool(defs) and all(d.kind == "assign" and d.value is not None and
+                                  _bounds_to_one_step(ctx, d.value, depth - 1) for d in defs)
+    return False
+
+
+def _counts_steps(expr: cst.BaseExpression) -> bool:
+    if isinstance(expr, cst.Call) and S.called_name(expr) == "len":
         return True
-    return bool(forward_calls(ctx, expr, grad=False))
-
-
+    name = dotted_name(expr) or ""
+    return bool(EPOCH_WORD.search(name.rsplit(".", 1)[-1])) or "iteration" in name.lower()

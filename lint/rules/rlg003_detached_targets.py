@@ -108,6 +108,38 @@ class DetachedTargets(Rule):
               "ratio = torch.exp(logp - old_logp)\n", "current log-probs carry grad, as they must"),
         Valid("advantages = returns - self.critic(obs)\n"
               "advantages = advantages.detach()\n", "detached on the next line"),
+        Valid("class Distiller:\n"
+              "    def _behaviour(self, ids):\n"
+              "        out = None\n"
+              "        if self.cfg.recompute:\n"
+              "            with torch.no_grad():\n"
+              "                logits = self.student(ids).logits\n"
+              "                out = selective_log_softmax(logits, ids)\n"
+              "        return out\n"
+              "\n"
+              "    def rollouts(self, ids):\n"
+              "        old_per_token_logps = self._behaviour(ids)\n",
+              "a same-class helper assigns the value under no_grad and returns the name after the block"),
+        Valid("ref_logprobs = helpers.token_logprobs(self.ref_policy, batch, use_grad=False)\n",
+              "a helper the linter cannot read, told to run without autograd"),
+        Valid("def test_matches_fused_kernel(model_ref, ids):\n"
+              "    ref_logp = model_ref(ids).logits[:, :-1].log_softmax(-1).gather(-1, ids[:, 1:, None])\n"
+              "    ref_logp.sum().backward()\n"
+              "    return [p.grad for p in model_ref.parameters()]\n",
+              "a test's reference implementation is backpropagated itself: a loss, not a target"),
+        Valid("class Scorer(nn.Module):\n"
+              "    def forward(self, ids):\n"
+              "        hidden = self.body(ids)[0]\n"
+              "        per_token = self.v_head(hidden).squeeze(-1)\n"
+              "        returns = per_token[:, -1]\n"
+              "        return returns\n",
+              "`returns` is what a model's forward returns, not RL returns"),
+        Valid("for batch in loader:\n"
+              "    meta = prepare(batch)\n"
+              "    advantages, returns = estimate(meta.select(['rewards', 'values']), gamma=1.0)\n"
+              "    critic_out = self.critic_wg.update_critic(meta)\n"
+              "    meta = meta.union(critic_out)\n",
+              "a worker-group RPC returns plain data; meta is rebound at the loop head"),
     ]
     INVALID = [
         Invalid("old_logp = compute_logp(model, ids)\n", line=1,

@@ -146,6 +146,12 @@ class GradNotZeroed(Rule):
               "    for opt in param._in_backward_optimizers:\n"
               "        opt.step()\n"
               "    param.grad = None\n", "a loop over optimizers steps each once"),
+        Valid("self.model.optim.zero_grad()\n"
+              "for batch in loader:\n"
+              "    for _ in range(self.epochs):\n"
+              "        self.model.training_step(batch)\n"
+              "        self.model.optim.step()\n",
+              "a framework training step out of view owns the gradients (it zeroes at its entry)"),
     ]
     INVALID = [
         Invalid("for batch in loader:\n"
