@@ -6,9 +6,11 @@ from typing import Iterator
 
 import libcst as cst
 
-from rlguard.lint.context import ModuleContext, factors, signed_terms
+from rlguard.lint.analysis import Analysis
+from rlguard.lint.analysis.losses import flip, losses, sink_name
+from rlguard.lint.analysis.signs import factors, signs
+from rlguard.lint.analysis.terms import quantities
 from rlguard.lint.rule import Invalid, Rule, Valid, Violation
-from rlguard.lint.rules._loss import is_minimised_loss, net_sign, target_name
 
 
 class EntropyBonusSign(Rule):
@@ -45,6 +47,7 @@ class EntropyBonusSign(Rule):
     """
 
     code = "RLG004"
+    on_core = True
     triggers = r"(?i)entrop|\bent\b"
     fixable = True
 
@@ -63,6 +66,22 @@ class EntropyBonusSign(Rule):
               "cross-entropy against labels is not the policy's entropy"),
         Valid("entropy_loss = entropy.mean()\nloss = pg_loss - ent_coef * entropy_loss\nloss.backward()\n",
               "a positive entropy component, subtracted where it joins the loss"),
+        Valid("high = entropies >= torch.quantile(entropies[mask.bool()], q)\n"
+              "per_token_loss = -torch.min(ratio * adv, ratio.clamp(0.8, 1.2) * adv)\n"
+              "per_token_loss = per_token_loss * high_entropy_mask\n"
+              "loss = (per_token_loss * mask).sum() / mask.sum()\n",
+              "a 0/1 selection of high-entropy tokens multiplies the loss: a mask, never a bonus"),
+        Valid("status = {'act_loss': logs['policy_loss']}\n"
+              "status['ent_loss'] = logs['entropy_loss']\n"
+              "bar.set_postfix(status)\n",
+              "a progress-bar entry named like a loss: nothing minimises it"),
+        Valid("loss = pg_loss - coef * entropy.mean()\n"
+              "log['loss_with_bonus'] = (pg_loss + coef * entropy.mean()).item()\n",
+              "the sum with a plus sign is only logged"),
+        Valid("def loss_fn(logits, mask, adv, ratio):\n"
+              "    h = entropy_from_logits(logits)\n"
+              "    return -(ratio * adv * mask).sum() / mask.sum() - 0.01 * (h * mask).sum() / mask.sum()\n",
+              "a loss function returning the bonus subtracted"),
     ]
     INVALID = [
         Invalid("loss = pg_loss + ent_coef * entropy.mean()\n", line=1,
@@ -80,55 +99,39 @@ class EntropyBonusSign(Rule):
                 line=2, why="CleanRL spelling with the sign flipped: reported where the component joins the loss"),
     ]
 
-    def check(self, ctx: ModuleContext) -> Iterator[Violation]:
-        for target, value, stmt in _sum_statements(ctx):
-            # `entropy_loss = entropy.mean()` defines a component; its sign is judged where it joins the loss
-            if ctx.names.is_role(target_name(target), "entropy") or not is_minimised_loss(ctx, target, stmt):
+    def check(self, ctx: Analysis) -> Iterator[Violation]:
+        yield from judge_terms(ctx, "entropy", want=-1, message=(
+            "entropy is added to a minimised loss, so it is penalised, not rewarded; subtract the entropy "
+            "bonus (loss - c * entropy)"))
+
+
+def judge_terms(ctx: Analysis, kind: str, want: int, message: str) -> Iterator[Violation]:
+    """Every term of a minimised loss that is ``kind`` (an entropy, a KL estimate) entering with the sign opposite
+    to ``want``, reported once where it joins a sum, with the sign flip as the fix where it is unambiguous."""
+    quantity = quantities(ctx)
+    sign_of = signs(ctx)
+    loss = losses(ctx)
+
+    def stop(expr, frame):
+        return quantity.sign(kind, expr, frame) is not None
+
+    reported: set[int] = set()
+    for sink in loss.sinks():
+        name = sink_name(ctx, sink)
+        if name is not None and ctx.names.is_role(name, kind) and not ctx.names.is_role(name, "mask"):
+            continue  # `entropy_loss = entropy.mean()`, `def compute_kl_loss(...)`: a component, judged where it joins
+        for term in sink.terms(sign_of, stop):
+            sign, facs = factors(term.expr)
+            hits = [(f, quantity.sign(kind, f, term.frame)) for f in facs]
+            found = [(f, s) for f, s in hits if s is not None]
+            # an additive term: its other factors only scale it (a multiplicative factor is never a bonus)
+            if len(found) != 1 or any(sign_of.scale(f, term.frame) is None for f, s in hits if s is None):
                 continue
-            for sign, term in signed_terms(value):
-                entropy_sign = _entropy_factor_sign(ctx, term)
-                if entropy_sign is not None and sign * entropy_sign > 0:
-                    yield Violation(term, "entropy is added to a minimised loss, so it is penalised, not "
-                                          "rewarded; subtract the entropy bonus (loss - c * entropy)",
-                                    _flip(stmt, value, term))
-
-
-def _sum_statements(ctx: ModuleContext):
-    for stmt in ctx.nodes(cst.Assign):
-        if len(stmt.targets) == 1:
-            yield stmt.targets[0].target, stmt.value, stmt
-    for stmt in ctx.nodes(cst.AugAssign):
-        if isinstance(stmt.operator, (cst.AddAssign, cst.SubtractAssign)):
-            sign = -1 if isinstance(stmt.operator, cst.SubtractAssign) else 1
-            value = stmt.value if sign > 0 else cst.UnaryOperation(cst.Minus(), stmt.value)
-            # the synthetic negation is never reported; fixes rewrite the operator instead
-            yield stmt.target, value, stmt
-
-
-def _entropy_factor_sign(ctx: ModuleContext, term: cst.BaseExpression) -> int | None:
-    """+1 when the term holds entropy, -1 when it holds negated entropy (an entropy loss), None otherwise."""
-    for factor in factors(term):
-        if ctx.has_role(factor, "entropy_coef"):
-            continue
-        sign = net_sign(ctx, factor, "entropy")
-        if sign is not None:
-            return sign
-    return None
-
-
-def _flip(stmt: cst.CSTNode, value: cst.BaseExpression, term: cst.BaseExpression):
-    """A replacement that turns ``+ term`` into ``- term`` when the term is the right side of a ``+``."""
-    if isinstance(stmt, cst.AugAssign) and isinstance(stmt.operator, cst.AddAssign) and stmt.value is term:
-        return [(stmt.operator, cst.SubtractAssign(whitespace_before=stmt.operator.whitespace_before,
-                                                   whitespace_after=stmt.operator.whitespace_after))]
-    for node in _binary_ops(value):
-        if node.right is term and isinstance(node.operator, cst.Add):
-            op = node.operator
-            return [(op, cst.Subtract(whitespace_before=op.whitespace_before, whitespace_after=op.whitespace_after))]
-    return []
-
-
-def _binary_ops(expr: cst.BaseExpression):
-    while isinstance(expr, cst.BinaryOperation):
-        yield expr
-        expr = expr.left
+            net = term.sign * sign * found[0][1]
+            if net == want:
+                continue
+            stmt, value, operand = loss.joining(sink, term)
+            if id(operand) in reported:
+                continue
+            reported.add(id(operand))
+            yield Violation(operand, message, flip(stmt, value, operand))

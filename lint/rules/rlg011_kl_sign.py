@@ -2,14 +2,24 @@
 
 from __future__ import annotations
 
+import re
 from typing import Iterator
 
 import libcst as cst
 
-from rlguard.lint.context import ModuleContext
+from rlguard.lint.analysis import Analysis
+from rlguard.lint.analysis.losses import flip, losses, top_terms
+from rlguard.lint.analysis.signs import factors, signs
+from rlguard.lint.analysis.terms import quantities
 from rlguard.lint.rule import Invalid, Rule, Valid, Violation
-from rlguard.lint.rules._loss import MAXIMISED_NAME, is_minimised_loss
-from rlguard.lint.rules._signs import BASELINE_NAME, SignSearch, loss_candidate_filter, _terms, flip, role_matcher, role_stop, sum_statements, target_key
+from rlguard.lint.rules.rlg004_entropy_bonus_sign import judge_terms
+
+# The KL part of a shaped reward, by convention (TRL's `non_score_reward`): a reward value even with no score term.
+KL_REWARD_NAME = re.compile(r"(?i)non_score_rewards?|kl_rewards?|kl_penalty_rewards?|penalty_rewards?")
+# Preference-learning log-ratio definitions (DPO, A*PO, IPO): `beta * (logp - ref_logp)` is a definition, not a
+# reward shaped by a KL penalty.
+IMPLICIT_REWARD_NAME = re.compile(r"(?i)\w*implicit\w*|(chosen|rejected|policy|ref|reference)_rewards?|"
+                                  r"\w*logratios?\w*|\w*_margins?")
 
 
 class KlSign(Rule):
@@ -60,6 +70,7 @@ class KlSign(Rule):
     """
 
     code = "RLG011"
+    on_core = True
     triggers = r"kl(?:_|\b)|_kl|ref_?log|ref_per_token|reference_log"
     fixable = True
 
@@ -80,6 +91,29 @@ class KlSign(Rule):
               "through a helper"),
         Valid("stats['kl'] = (logp - ref_logp).mean().item()\nloss = pg_loss - ent_coef * entropy\n",
               "KL only logged"),
+        Valid("if cfg.algorithm.use_kl_in_reward:\n"
+              "    self.kl_controller_for_reward = algos.make_kl_controller(cfg.algorithm.kl_ctrl)\n",
+              "a KL controller object stored under a reward-ish name: no tensor, no sum"),
+        Valid("def kl_value(logp, ref_logp, mode):\n"
+              "    forward_score = kl_estimate(logp, ref_logp, mode)\n"
+              "    backward_score = 0.5 * (logp - ref_logp).square()\n"
+              "    return backward_score - backward_score.detach() + forward_score.detach()\n",
+              "a straight-through KL estimator's own values named *_score"),
+        Valid("implicit_reward = beta * (policy_logps - ref_logps)\n"
+              "loss = ((implicit_reward - (rewards - v_star)) ** 2).mean()\n",
+              "a preference-learning implicit reward regressed onto a target: a definition, not a penalty"),
+        Valid("penalty = coef * -log_ratio\n"
+              "penalty = [p[s:e] for p, s, e in zip(penalty, starts, ends)]\n"
+              "for i in range(n):\n"
+              "    rewards = penalty[i]\n"
+              "    rewards[-1] += scores[i]\n",
+              "the negation is visible where the penalty is built; a comprehension rebinding does not undo it"),
+        Valid("def distill_loss(ref_logprobs, logprobs, ratio, keep):\n"
+              "    gap = ref_logprobs - logprobs\n"
+              "    obj = keep * gap.detach() * ratio\n"
+              "    per_token = -obj\n"
+              "    return per_token.sum()\n",
+              "on-policy distillation: the log-ratio weights the ratio (REINFORCE of reverse KL), negated downstream"),
     ]
     INVALID = [
         Invalid("loss = pg_loss - kl_coef * kl\n", line=1, fixed="loss = pg_loss + kl_coef * kl\n"),
@@ -101,43 +135,94 @@ class KlSign(Rule):
         Invalid("non_score_reward = kl_coef * (logprobs - ref_logprobs)\n", line=1, why="positive non-score reward"),
     ]
 
-    def check(self, ctx: ModuleContext) -> Iterator[Violation]:
-        stop = role_stop(ctx, "kl_coef", "entropy_coef")
-        ref = SignSearch(ctx, role_matcher(ctx, "ref_logp"), stop)
-        named = SignSearch(ctx, role_matcher(ctx, "kl", exclude=("kl_coef",)), stop)
+    def check(self, ctx: Analysis) -> Iterator[Violation]:
+        yield from judge_terms(ctx, "kl", want=1, message=(
+            "the KL penalty is subtracted from a minimised loss, so the update moves away from the reference; "
+            "add it: loss = pg_loss + kl_coef * kl"))
+        yield from _reward_terms(ctx)
 
-        def kl_sign(term):
-            sign = ref.sign_of(term)
-            if sign is not None:
-                return -sign, ref.via
-            return named.sign_of(term), named.via
 
-        may_be_loss = loss_candidate_filter(ctx)
-        judged: set[int] = set()  # statements already judged: a KL inherited from them is not judged again
-        for target, value, stmt in sum_statements(ctx):
-            key = target_key(target)
-            if key is None:
+def _reward_terms(ctx: Analysis) -> Iterator[Violation]:
+    """A KL term entering a reward value (a score shaped by the penalty) with a + sign."""
+    quantity = quantities(ctx)
+    sign_of = signs(ctx)
+
+    def stop(expr, frame):
+        return quantity.sign("kl", expr, frame) is not None
+
+    for stmt in ctx.nodes(cst.Assign, cst.AugAssign):
+        for d in ctx.index.stmt_defs.get(id(stmt), ()):
+            if d.kind not in ("assign", "aug") or d.element is not None or "[" in d.key:
                 continue
-            bare = key.rsplit(".", 1)[-1]
-            if any(ctx.names.is_role(bare, r) for r in ("advantages", "returns")) or BASELINE_NAME.fullmatch(bare):
+            bare = d.key.rsplit(".", 1)[-1]
+            kl_part = KL_REWARD_NAME.fullmatch(bare) is not None
+            if not (kl_part or ctx.names.is_role(bare, "rewards")) or IMPLICIT_REWARD_NAME.fullmatch(bare):
                 continue
-            reward = ctx.names.is_role(bare, "rewards") or MAXIMISED_NAME.fullmatch(bare) is not None
-            loss = not reward and may_be_loss(target, stmt) and is_minimised_loss(ctx, target, stmt)
-            if not (reward or loss):
+            value = stmt.value
+            if isinstance(stmt, cst.AugAssign) and not isinstance(stmt.operator, (cst.AddAssign, cst.SubtractAssign)):
                 continue
-            judged.add(id(stmt))
-            for sign, term in _terms(value):
-                inner, via = kl_sign(term)
-                if inner is None or any(id(s) in judged for s in via):
+            operands = top_terms(value)
+            if isinstance(stmt, cst.AugAssign) and isinstance(stmt.operator, cst.SubtractAssign):
+                operands = [(-s, t) for s, t in operands]
+            kl_terms, score_terms = [], []
+            for sign, operand in operands:
+                if _reads_key(ctx, operand, d.key):
+                    score_terms.append((sign, operand, None))  # the reward's previous value, not a new term
                     continue
-                net = sign * inner
-                synthetic = isinstance(stmt, cst.AugAssign) and term is not stmt.value
-                node = stmt if synthetic else term
-                if loss and net < 0:
-                    yield Violation(node, "the KL penalty is subtracted from a minimised loss, so the update moves "
-                                          "away from the reference; add it: loss = pg_loss + kl_coef * kl",
-                                    flip(stmt, value, term))
-                elif reward and net > 0:
+                net = _kl_of_operand(ctx, quantity, sign_of, operand, stop)
+                (kl_terms if net is not None else score_terms).append((sign, operand, net))
+            if isinstance(stmt, cst.AugAssign):
+                score_terms.append((1, d.target, None))  # the reward it adds to
+            if not kl_terms or not (score_terms or kl_part or _score_added_later(ctx, d)):
+                continue
+            for sign, operand, net in kl_terms:
+                if sign * net > 0:
+                    node = operand if not isinstance(stmt, cst.AugAssign) else stmt
                     yield Violation(node, "the KL penalty is added to the reward, so the policy is paid to move away "
                                           "from the reference; subtract it: reward - beta * (logp - ref_logp)",
-                                    flip(stmt, value, term))
+                                    flip(stmt, value, operand) if not isinstance(stmt, cst.AugAssign) or
+                                    operand is stmt.value else [])
+
+
+def _reads_key(ctx: Analysis, operand: cst.BaseExpression, key: str) -> bool:
+    """Whether the operand is (a slice or scaling of) the variable being defined: ``rewards[:, s:] * mask``."""
+    stack = [operand]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, (cst.Name, cst.Attribute)) and ctx.code(node) == key:
+            return True
+        if isinstance(node, cst.Subscript):
+            stack.append(node.value)
+        elif isinstance(node, cst.BinaryOperation) and isinstance(node.operator, (cst.Multiply, cst.Divide)):
+            stack += [node.left, node.right]
+        elif isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute):
+            stack.append(node.func.value)
+    return False
+
+
+def _score_added_later(ctx: Analysis, d) -> bool:
+    """``rewards = kl_term`` followed by ``rewards[..., last] += scores`` or ``rewards = rewards + scores``: the value
+    is the KL part of a shaped reward."""
+    scope = ctx.index.function_scope(d.stmt)
+    for later in scope.defs.get(d.key, ()) + scope.defs.get(d.key + "[?]", []):
+        if later.order <= d.order:
+            continue
+        if later.kind == "aug" and isinstance(later.op, cst.AddAssign):
+            return True
+        if later.kind == "other" and isinstance(later.stmt, cst.AugAssign) and isinstance(
+                later.stmt.operator, cst.AddAssign):
+            return True
+        if later.kind == "assign" and isinstance(later.value, cst.BinaryOperation) and isinstance(
+                later.value.operator, cst.Add) and d.key in (ctx.code(later.value.left), ctx.code(later.value.right)):
+            return True
+    return False
+
+
+def _kl_of_operand(ctx, quantity, sign_of, operand, stop) -> int | None:
+    """The net sign of a KL estimate in one operand of a reward's sum (a coefficient may scale it), else None."""
+    sign, facs = factors(operand)
+    hits = [(f, quantity.sign("kl", f)) for f in facs]
+    found = [s for _, s in hits if s is not None]
+    if len(found) != 1 or any(sign_of.scale(f, None) is None for f, s in hits if s is None):
+        return None
+    return sign * found[0]

@@ -1,0 +1,379 @@
+"""Signs: an expression as a signed sum of terms, followed through names, reductions and helpers.
+
+:func:`Signs.terms` writes a value as ``sum(sign_i * term_i)``: sums and negations are split; reductions and
+sign-keeping operations (``.mean()``, ``.sum(-1)``, ``masked_mean(x, m)``, ``torch.clamp``, slicing, ``x *
+mask``, ``x / n``, ``c * x`` with a coefficient ``c``) are looked through; names expand into the value their
+definitions give them (each definition a separate alternative, an augmented ``loss += x`` adding a term); a
+same-module helper is walked into with its parameters bound. What cannot be split further (a product of two
+tensors, a call the linter cannot read) is a term. Each term remembers the statements it came through (``via``),
+so a fault is reported once, where the term joins a sum.
+
+A rule then asks what each term *is* (an entropy, a KL estimate, a policy-gradient surrogate) through
+:func:`factors` and the provenance facet; a name is only a hint for a term whose computation is out of view.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable
+
+import libcst as cst
+
+from rlguard.lint.analysis import semantics as S
+from rlguard.lint.analysis.index import key_of
+from rlguard.lint.analysis.values import Frame
+
+if TYPE_CHECKING:
+    from rlguard.lint.analysis import Analysis
+
+REDUCTIONS = frozenset({"mean", "sum", "nanmean", "nansum", "masked_mean", "masked_sum", "mean_tokens",
+                        "masked_whiten", "whiten", "agg_loss", "aggregate", "aggregate_loss", "reduce_loss",
+                        "masked_normalize", "masked_sum_mean", "loss_agg", "token_mean", "seq_mean"})
+SIGN_KEEPING_METHODS = frozenset({
+    "clamp", "clip", "clamp_", "clip_", "repeat_interleave", "repeat", "masked_fill", "sum_to_size", "nan_to_num",
+    "unsqueeze", "view", "reshape", "float", "to", "detach", "clone", "squeeze", "flatten", "contiguous",
+    "expand_as", "expand", "type_as", "double", "half", "bfloat16", "cpu", "cuda", "masked_select",
+})
+SIGN_KEEPING_FUNCTIONS = frozenset({"torch.clamp", "torch.clip", "torch.mean", "torch.sum", "torch.nanmean",
+                                    "torch.nansum", "torch.nn.functional.pad", "torch.masked_select",
+                                    "torch.nan_to_num", "torch.repeat_interleave", "torch.squeeze",
+                                    "torch.unsqueeze", "torch.flatten"})
+MIN_MAX = {"torch.min": "min", "torch.minimum": "min", "torch.fmin": "min", "min": "min",
+           "torch.max": "max", "torch.maximum": "max", "torch.fmax": "max", "max": "max"}
+DEPTH = 16  # name expansions and helper calls along one path
+
+
+@dataclass(frozen=True, eq=False)
+class Term:
+    sign: int
+    expr: cst.BaseExpression
+    frame: Frame | None
+    # (read, defining statement) pairs passed through, outermost first: the name read that expanded into the
+    # statement that defined it
+    via: tuple[tuple[cst.BaseExpression, cst.CSTNode], ...]
+
+
+class Signs:
+    """Signed decomposition over one module (memoised per expression and frame)."""
+
+    def __init__(self, a: "Analysis"):
+        self.a = a
+        self._memo: dict[tuple, list[Term]] = {}
+        self._frames: dict[tuple, Frame] = {}
+        self.truncated = False  # set when a decomposition hit the depth bound (its result is not memoised)
+
+    def terms(self, expr: cst.BaseExpression, frame: Frame | None = None,
+              stop: Callable[[cst.BaseExpression, Frame | None], bool] | None = None,
+              depth: int = DEPTH) -> list[Term]:
+        """``expr`` as signed terms; ``stop(e, frame)`` marks expressions that are terms as they are (a rule's
+        role: an entropy, a KL estimate), never split."""
+        key = (id(expr), id(frame), stop)  # the predicate itself: it stays alive as long as the memo
+        hit = self._memo.get(key)
+        if hit is not None:
+            return hit
+        if depth <= 0:
+            self.truncated = True
+            return [Term(1, expr, frame, ())]
+        self._memo[key] = [Term(1, expr, frame, ())]  # a cycle reads as one opaque term
+        outer, self.truncated = self.truncated, False
+        found = self._terms(expr, frame, stop, depth)
+        if self.truncated:
+            del self._memo[key]  # cut short by the depth bound: a deeper query may see more
+        else:
+            self._memo[key] = found
+        self.truncated = self.truncated or outer
+        return found
+
+    def _terms(self, expr, frame, stop, depth) -> list[Term]:
+        atom = [Term(1, expr, frame, ())]
+        if stop is not None and stop(expr, frame):
+            return atom
+        a = self.a
+        # operators and reductions cost no depth: only names and helpers (what can cycle or explode) do
+        rec = lambda e, f=frame: self.terms(e, f, stop, depth)  # noqa: E731
+        if isinstance(expr, cst.UnaryOperation):
+            if isinstance(expr.operator, cst.Minus):
+                return negate(rec(expr.expression))
+            if isinstance(expr.operator, cst.Plus):
+                return rec(expr.expression)
+            return atom
+        if isinstance(expr, cst.BinaryOperation):
+            op = expr.operator
+            if isinstance(op, cst.Add):
+                return rec(expr.left) + rec(expr.right)
+            if isinstance(op, cst.Subtract):
+                return rec(expr.left) + negate(rec(expr.right))
+            if isinstance(op, (cst.Multiply, cst.Divide)):
+                left_scale = self.scale(expr.left, frame)
+                right_scale = self.scale(expr.right, frame)
+                if isinstance(op, cst.Divide):
+                    # a divisor is a count, a standard deviation, a temperature: positive unless a negative literal
+                    return scaled(rec(expr.left), right_scale if right_scale is not None else 1)
+                if right_scale is not None:
+                    return scaled(rec(expr.left), right_scale)
+                if left_scale is not None:
+                    return scaled(rec(expr.right), left_scale)
+            return atom
+        if isinstance(expr, cst.Call):
+            return self._call(expr, frame, stop, depth, atom)
+        if isinstance(expr, cst.Subscript) and key_of(expr) is None:
+            return rec(expr.value)
+        if isinstance(expr, cst.IfExp):
+            return rec(expr.body) + rec(expr.orelse)
+        if isinstance(expr, (cst.Name, cst.Attribute, cst.Subscript)):
+            return self._named(expr, frame, stop, depth, atom)
+        return atom
+
+    def _call(self, call: cst.Call, frame, stop, depth, atom) -> list[Term]:
+        a = self.a
+        rec = lambda e, f=frame: self.terms(e, f, stop, depth)  # noqa: E731
+        name = a.call_name(call) or ""
+        method = a.method(call)
+        recv = S.receiver(call)
+        kind = min_max_kind(a, call)
+        if kind is not None:
+            return rec(call.args[0].value) + rec(call.args[1].value)
+        if method is not None and (method in REDUCTIONS or method in SIGN_KEEPING_METHODS) and recv is not None:
+            return rec(recv)
+        if name in SIGN_KEEPING_FUNCTIONS and call.args:
+            return rec(call.args[0].value)
+        func = a.callee(call)
+        if func is not None:
+            inner = self._frame(func, call, frame)
+            if inner is None:
+                return atom
+            found: list[Term] = []
+            for ret in a.index.scopes[id(func)].returns:
+                if ret.value is not None and a.index.function_scope(ret).node is func:
+                    value = ret.value
+                    if isinstance(value, cst.Tuple) and value.elements:
+                        value = value.elements[0].value  # (loss, metrics)
+                    found += self.terms(value, inner, stop, depth - 1)
+            return found or atom
+        last = name.rsplit(".", 1)[-1]
+        if last in REDUCTIONS and call.args:
+            first = S.argument(call, 0, "values") or S.argument(call, 0, "loss_mat") or call.args[0].value
+            return rec(first)
+        return atom
+
+    def _named(self, expr, frame, stop, depth, atom) -> list[Term]:
+        a = self.a
+        key = key_of(expr)
+        defs = a.flow.reaching(key, expr)
+        if not defs:
+            return atom
+        found: list[Term] = []
+        for d in defs:
+            if d.key != key:
+                return atom
+            if d.kind == "param":
+                bound = frame.binding(d.key) if frame is not None and d.scope is frame.func else None
+                if bound is None or bound[0] == "item":
+                    found += atom
+                else:
+                    found += self.terms(bound[0], bound[1], stop, depth - 1)
+                continue
+            if d.kind == "assign" and d.element is None and d.value is not None:
+                found += via(self.terms(d.value, frame, stop, depth - 1), expr, d.stmt)
+            elif d.kind == "aug" and d.value is not None and isinstance(d.op, (cst.AddAssign, cst.SubtractAssign)):
+                before = self.terms_before(d, frame, stop, depth - 1)
+                added = self.terms(d.value, frame, stop, depth - 1)
+                if isinstance(d.op, cst.SubtractAssign):
+                    added = negate(added)
+                found += via(before + added, expr, d.stmt)
+            elif d.kind == "aug" and d.value is not None and isinstance(d.op, (cst.MultiplyAssign, cst.DivideAssign)):
+                scale = self.scale(d.value, frame)
+                if isinstance(d.op, cst.DivideAssign) and scale is None:
+                    scale = 1
+                before = self.terms_before(d, frame, stop, depth - 1)
+                found += via(scaled(before, scale) if scale is not None else [Term(1, expr, frame, ())], expr, d.stmt)
+            else:
+                found += atom
+        return found
+
+    def def_terms(self, d, frame: Frame | None = None, stop=None, depth: int = DEPTH) -> list[Term]:
+        """The terms of the value definition ``d`` gives its key (an augmented ``+=`` adds to the previous
+        value's terms)."""
+        if d.kind == "assign" and d.value is not None:
+            return self.terms(d.value, frame, stop, depth)
+        if d.kind == "aug" and d.value is not None and isinstance(d.op, (cst.AddAssign, cst.SubtractAssign)):
+            added = self.terms(d.value, frame, stop, depth - 1)
+            if isinstance(d.op, cst.SubtractAssign):
+                added = negate(added)
+            return self.terms_before(d, frame, stop, depth - 1) + added
+        if d.kind == "aug" and d.value is not None:
+            scale = self.scale(d.value, frame)
+            if isinstance(d.op, cst.DivideAssign) and scale is None:
+                scale = 1
+            if scale is not None:
+                return scaled(self.terms_before(d, frame, stop, depth - 1), scale)
+        return []
+
+    def terms_before(self, d, frame, stop, depth) -> list[Term]:
+        """The terms of ``d.key`` just before the augmented assignment ``d``."""
+        target = d.target if isinstance(d.target, cst.BaseExpression) else None
+        if target is None:
+            return []
+        prior = self.a.flow.reaching(d.key, d.stmt)
+        found: list[Term] = []
+        for p in prior:
+            if p.kind == "assign" and p.element is None and p.value is not None:
+                found += via(self.terms(p.value, frame, stop, depth), target, p.stmt)
+            elif p.kind == "aug" and depth > 0:
+                inner = self.terms_before(p, frame, stop, depth - 1)
+                added = self.terms(p.value, frame, stop, depth) if p.value is not None else []
+                if isinstance(p.op, cst.SubtractAssign):
+                    added = negate(added)
+                found += via(inner + added, target, p.stmt)
+        return found
+
+    def scale(self, expr: cst.BaseExpression, frame, depth: int = 4) -> int | None:
+        """The sign of a factor that only scales a term: +1 for a positive coefficient, a mask or a token count,
+        -1 for a negative literal, None for a factor that is itself a tensor of interest (the product is then a
+        term). A coefficient is a literal, a hyperparameter (a config field, ``self.beta`` set from one, a
+        parameter's numeric default) or, when nothing in view defines it, a name that says so (``ent_coef``); a
+        name bound to a tensor computation (``coef_1 = torch.exp(...)``) never is."""
+        number = S.number_value(expr)
+        if number is not None:
+            return 1 if number > 0 else (-1 if number < 0 else None)
+        if isinstance(expr, cst.UnaryOperation) and isinstance(expr.operator, cst.Minus):
+            inner = self.scale(expr.expression, frame, depth)
+            return None if inner is None else -inner
+        if isinstance(expr, cst.Comparison):
+            return 1  # a 0/1 selection
+        vocab = self.a.names
+        if isinstance(expr, (cst.Name, cst.Attribute, cst.Subscript)):
+            name = _last(expr)
+            if name is None:
+                return None
+            if vocab.is_role(name, "mask"):
+                return 1
+            key = key_of(expr)
+            defs = self.a.flow.reaching(key, expr) if key is not None and depth > 0 else []
+            values = [d for d in defs if d.kind in ("assign", "aug") and d.value is not None]
+            if values:
+                signs_ = {self._hyperparameter(d.value, frame, depth - 1) for d in values}
+                return signs_.pop() if len(signs_) == 1 else None
+            if isinstance(expr, cst.Attribute) and expr.attr.value in ("value", "coef", "beta") and \
+                    self.scale(expr.value, frame, depth - 1) == 1:
+                return 1  # kl_ctl.value: an adaptive controller's coefficient
+            if _COEF.fullmatch(name) or _COEF_WORD.search(name) or vocab.is_role(name, "entropy_coef") \
+                    or vocab.is_role(name, "kl_coef") or _COUNT.fullmatch(name):
+                return 1
+            return None
+        if isinstance(expr, cst.Call):
+            method = self.a.method(expr)
+            recv = S.receiver(expr)
+            if method in ("sum", "numel", "float", "clamp", "clamp_min", "size", "item", "detach") and recv is not None:
+                inner = recv
+                while isinstance(inner, cst.Call) and self.a.method(inner) in ("sum", "float", "clamp", "clamp_min"):
+                    inner = S.receiver(inner)
+                name = _last(inner) if inner is not None else None
+                if name is not None and (vocab.is_role(name, "mask") or _COUNT.fullmatch(name)):
+                    return 1  # a token count
+                if method in ("item", "detach", "float") and self.scale(recv, frame, depth - 1) == 1:
+                    return 1
+            if S.called_name(expr) in ("len", "max", "float", "int") and expr.args:
+                return 1
+        return None
+
+    def _hyperparameter(self, value: cst.BaseExpression, frame, depth: int) -> int | None:
+        """+1 when a definition binds a positive scalar setting: a literal, a config field, another coefficient."""
+        number = S.number_value(value)
+        if number is not None:
+            return 1 if number > 0 else (-1 if number < 0 else None)
+        if isinstance(value, (cst.Name, cst.Attribute)):
+            dotted = self.a.code(value)
+            head = dotted.split(".", 1)[0]
+            if head in ("self", "args", "cfg", "config", "hparams", "opts", "params", "settings") and "." in dotted:
+                return 1 if self.scale(value, frame, depth) != -1 else -1
+            return self.scale(value, frame, depth)
+        if isinstance(value, cst.Call) and S.called_name(value) in ("get", "getattr", "float", "int") and value.args:
+            return 1
+        return None
+
+    def _frame(self, func, call, frame) -> Frame | None:
+        from rlguard.lint.analysis.values import MAX_FRAMES, bind_arguments
+
+        depth = frame.depth + 1 if frame else 1
+        if depth > MAX_FRAMES or self.a.index.contains(func, call):
+            return None
+        key = (id(func), id(call), id(frame))
+        found = self._frames.get(key)
+        if found is None:
+            found = self._frames[key] = Frame(func, call, bind_arguments(func, call, frame), frame, depth)
+        return found
+
+
+_COEF = re.compile(r"(?i)(\w*_)?(coef|coeff|coefficient|beta|alpha|lambda|lam|scale|temperature|gamma|factor|"
+                   r"tau)|\w*_(coef|coeff|weight|scale|factor)|c\d?")
+_COEF_WORD = re.compile(r"(?i)(^|_)(coef|coeff|coefficient|beta|alpha|weight|scale|factor)(_|$)")
+_COUNT = re.compile(r"(?i)n|n_\w+|num_\w+|\w*_count|count|\w*_counts|total_\w*|\w*_len|\w*_length|length|"
+                    r"\w*tokens|batch_size|bsz|world_size|denom\w*|normalizer|grad_accum\w*|\w*accumulation\w*|"
+                    r"\w*_steps")
+
+
+def _last(expr: cst.BaseExpression) -> str | None:
+    if isinstance(expr, cst.Name):
+        return expr.value
+    if isinstance(expr, cst.Attribute):
+        return expr.attr.value
+    if isinstance(expr, cst.Subscript):
+        key = key_of(expr)
+        if key and key.endswith("']"):
+            return key[key.rindex("['") + 2:-2]
+    return None
+
+
+def negate(terms: list[Term]) -> list[Term]:
+    return [Term(-t.sign, t.expr, t.frame, t.via) for t in terms]
+
+
+def scaled(terms: list[Term], sign: int) -> list[Term]:
+    return terms if sign > 0 else negate(terms)
+
+
+def via(terms: list[Term], read: cst.BaseExpression, stmt: cst.CSTNode) -> list[Term]:
+    return [Term(t.sign, t.expr, t.frame, ((read, stmt),) + t.via) for t in terms]
+
+
+def factors(expr: cst.BaseExpression) -> tuple[int, list[cst.BaseExpression]]:
+    """The sign and the numerator factors of a product/quotient, negations stripped: ``-c * x.mean() / n`` ->
+    (-1, [c, x.mean()])."""
+    sign = 1
+    while isinstance(expr, cst.UnaryOperation) and isinstance(expr.operator, (cst.Minus, cst.Plus)):
+        if isinstance(expr.operator, cst.Minus):
+            sign = -sign
+        expr = expr.expression
+    if isinstance(expr, cst.BinaryOperation) and isinstance(expr.operator, (cst.Multiply, cst.Divide)):
+        left_sign, left = factors(expr.left)
+        if isinstance(expr.operator, cst.Divide):
+            right_sign = -1 if (S.number_value(expr.right) or 0) < 0 else 1
+            return sign * left_sign * right_sign, left
+        right_sign, right = factors(expr.right)
+        return sign * left_sign * right_sign, left + right
+    number = S.number_value(expr)
+    if number is not None and number < 0:
+        return -sign, [cst.Integer(str(int(-number)) if number.is_integer() else "1")]
+    return sign, [expr]
+
+
+def min_max_kind(a: "Analysis", call: cst.Call) -> str | None:
+    """"min" or "max" for an elementwise two-argument min/max (``torch.min(a, b)``, ``max(a, b)``)."""
+    positional = [arg for arg in call.args if arg.keyword is None and not arg.star]
+    if len(positional) != 2 or len(call.args) != 2:
+        return None
+    name = a.call_name(call)
+    if name is None:
+        return None
+    kind = MIN_MAX.get(name)
+    if kind is None:
+        return None
+    if isinstance(call.func, cst.Name) and any(d.kind != "import" for d in a.flow.reaching(call.func.value, call)):
+        return None  # a local function named min
+    return kind
+
+
+def signs(a: "Analysis") -> Signs:
+    return a.facet("signs", Signs)

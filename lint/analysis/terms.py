@@ -1,0 +1,290 @@
+"""What a term of a loss or a reward *is*: an entropy, a KL estimate, log-probs of the policy or the reference.
+
+Each query returns the sign with which the quantity enters the expression (+1, -1) or None when the expression
+is not that quantity. The structure decides first (an entropy computation, a difference of policy and reference
+log-probs); a name is accepted only for a value whose computation is out of view (a parameter, a batch field, a
+call the linter cannot read), and never for a mask (``entropy_mask``), a coefficient (``kl_coef``) or a
+comparison.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import libcst as cst
+
+from rlguard.lint.analysis import semantics as S
+from rlguard.lint.analysis.index import key_of
+from rlguard.lint.analysis.provenance import FORWARD, provenance
+from rlguard.lint.analysis.signs import factors, signs
+from rlguard.lint.analysis.values import Frame
+
+if TYPE_CHECKING:
+    from rlguard.lint.analysis import Analysis
+
+DEPTH = 10
+
+
+class Quantities:
+    """Per module: entropy, KL and log-prob recognition with memoised answers."""
+
+    def __init__(self, a: "Analysis"):
+        self.a = a
+        self.prov = provenance(a)
+        self.signs = signs(a)
+        self._memo: dict[tuple, int | None] = {}
+        self.truncated = False
+
+    # ----- names --------------------------------------------------------------------------------------------
+    def _name(self, expr: cst.BaseExpression) -> str | None:
+        if isinstance(expr, cst.Call):
+            return S.called_name(expr)
+        key = key_of(expr)
+        if key is None:
+            return None
+        if key.endswith("']"):
+            return key[key.rindex("['") + 2:-2]
+        return key.rsplit(".", 1)[-1]
+
+    def _excluded(self, name: str | None) -> bool:
+        vocab = self.a.names
+        return name is None or vocab.is_role(name, "mask") or vocab.is_role(name, "entropy_coef") or \
+            vocab.is_role(name, "kl_coef") or "coef" in name.lower() or "mask" in name.lower()
+
+    def _memoised(self, kind: str, expr, frame, depth, compute) -> int | None:
+        key = (kind, id(expr), id(frame))
+        if key in self._memo:
+            return self._memo[key]
+        if depth <= 0:
+            self.truncated = True
+            return None
+        self._memo[key] = None  # cycles
+        outer, self.truncated = self.truncated, False
+        result = compute(expr, frame, depth)
+        if self.truncated and result is None:
+            del self._memo[key]  # the depth bound cut it short: a shallower query may see more
+        else:
+            self._memo[key] = result
+        self.truncated = self.truncated or outer
+        return result
+
+    def _through_definitions(self, kind: str, expr, frame, depth) -> int | None:
+        """The sign of the quantity in the value a name's definitions give it (all must agree)."""
+        key = key_of(expr)
+        if key is None:
+            return None
+        defs = self.a.flow.reaching(key, expr)
+        if not defs:
+            return None
+        found = set()
+        for d in defs:
+            if d.kind == "param":
+                bound = frame.binding(d.key) if frame is not None and d.scope is frame.func else None
+                if bound is None or bound[0] == "item":
+                    return None
+                found.add(self.sign(kind, bound[0], bound[1], depth - 1))
+            elif d.kind == "assign" and d.element is None and d.value is not None and d.key == key:
+                found.add(self.sign(kind, d.value, frame, depth - 1))
+            else:
+                return None
+        return found.pop() if len(found) == 1 else None
+
+    def _visible(self, expr, frame) -> bool:
+        """Whether the expression's value is computed in view (a definition with an expression reaches it)."""
+        key = key_of(expr)
+        if key is None:
+            return isinstance(expr, cst.Call) and self.a.callee(expr) is not None
+        for d in self.a.flow.reaching(key, expr):
+            if d.kind == "assign" and d.value is not None:
+                if d.element is not None and isinstance(d.value, cst.Call) and self.a.callee(d.value) is None:
+                    continue  # `_, lp, entropy, v = agent.get_action_and_value(obs)`: computed out of view
+                return True
+            if d.kind == "param" and frame is not None and d.scope is frame.func and frame.binding(d.key):
+                return True
+        return False
+
+    def sign(self, kind: str, expr, frame: Frame | None = None, depth: int = DEPTH) -> int | None:
+        compute = {"entropy": self._entropy, "kl": self._kl}[kind]
+        return self._memoised(kind, expr, frame, depth, compute)
+
+    # ----- linear pieces -----------------------------------------------------------------------------------------
+    def _linear(self, kind: str, expr, frame, depth) -> int | None:
+        """The sign of the quantity in a sum, a product with coefficients, or a reduction of it."""
+        terms = self.signs.terms(expr, frame, depth=4)
+        if len(terms) == 1 and terms[0].expr is expr:
+            sign, facs = factors(expr)
+            if len(facs) == 1 and facs[0] is expr:
+                return None
+            inner = [(f, self.sign(kind, f, frame, depth - 1)) for f in facs]
+            hits = [(f, s) for f, s in inner if s is not None]
+            others = [f for f, s in inner if s is None]
+            if len(hits) == 1 and all(self.signs.scale(f, frame) is not None for f in others):
+                return sign * hits[0][1]
+            return None
+        # a sum is the quantity only when every term is (constants aside): `pg + c * H` is a loss, not an entropy
+        found = set()
+        for t in terms:
+            if S.number_value(t.expr) is not None:
+                continue
+            inner = self.sign(kind, t.expr, t.frame, depth - 1)
+            if inner is None:
+                return None
+            found.add(t.sign * inner)
+        return found.pop() if len(found) == 1 else None
+
+    # ----- entropy -------------------------------------------------------------------------------------------------
+    def _entropy(self, expr, frame, depth) -> int | None:
+        name = self._name(expr)
+        if name is not None and self._excluded(name):
+            return None
+        origins = self.prov.value(expr, frame)
+        forwards = [o for o in origins if o.kind == FORWARD]
+        if forwards and all(o.what == "entropy" for o in forwards):
+            return 1
+        if self._entropy_formula(expr, frame):
+            return 1
+        if isinstance(expr, cst.Call) and self.a.callee(expr) is not None:
+            func = self.a.callee(expr)
+            rets = [r.value for r in self.a.index.scopes[id(func)].returns if r.value is not None]
+            if rets and all(self._entropy_formula(r, None) or self._entropy_call(r) for r in rets):
+                return 1  # a helper of the module that computes an entropy
+        if isinstance(expr, (cst.Name, cst.Attribute, cst.Subscript)) and key_of(expr) is not None:
+            inner = self._through_definitions("entropy", expr, frame, depth)
+            if inner is not None:
+                return inner
+            if not self._visible(expr, frame) and name is not None and self.a.names.is_role(name, "entropy"):
+                return 1  # computed out of view: the name is all there is
+            return None
+        if isinstance(expr, cst.Call):
+            method = self.a.method(expr)
+            recv = S.receiver(expr)
+            if method in ("mean", "sum", "nanmean", "float", "detach", "squeeze", "clamp") and recv is not None:
+                return self.sign("entropy", recv, frame, depth - 1)
+            if self.a.callee(expr) is None and name is not None and self.a.names.is_role(name, "entropy") \
+                    and "cross" not in name.lower():
+                return 1  # entropy_bonus(logits, mask), a helper out of view named for it
+        return self._linear("entropy", expr, frame, depth)
+
+    def _entropy_call(self, expr) -> bool:
+        name = S.called_name(expr) if isinstance(expr, cst.Call) else None
+        return name is not None and (S.ENTROPY_HELPER.fullmatch(name) is not None or (
+            name == "entropy" and self.a.method(expr) == "entropy"))
+
+    def _entropy_formula(self, expr, frame) -> bool:
+        """``-(p * logp).sum(-1)`` with ``p`` probabilities and ``logp`` log-probs of the same logits, or
+        ``logsumexp(z) - (softmax(z) * z).sum(-1)``."""
+        if isinstance(expr, cst.BinaryOperation) and isinstance(expr.operator, cst.Subtract):
+            left, right = expr.left, expr.right
+            if isinstance(left, cst.Call) and (self.a.call_name(left) == "torch.logsumexp" or
+                                               self.a.method(left) == "logsumexp"):
+                text = self.a.code(right)
+                return "softmax" in text or "probs" in text or "pd" in text
+            return False
+        if not (isinstance(expr, cst.UnaryOperation) and isinstance(expr.operator, cst.Minus)):
+            return False
+        inner = expr.expression
+        while isinstance(inner, cst.Call) and self.a.method(inner) in ("mean",):
+            inner = S.receiver(inner)
+        if not (isinstance(inner, cst.Call) and self.a.method(inner) == "sum" and isinstance(
+                S.receiver(inner), cst.BinaryOperation)):
+            return False
+        product = S.receiver(inner)
+        if not isinstance(product.operator, cst.Multiply):
+            return False
+        whats = [{o.what for o in self.prov.value(side, frame) if o.kind == FORWARD}
+                 for side in (product.left, product.right)]
+        texts = [self.a.code(side) for side in (product.left, product.right)]
+        logp_side = any("logprobs" in w for w in whats)
+        prob_side = any("softmax" in t or "exp(" in t or "probs" in t for t in texts)
+        return logp_side and prob_side
+
+    # ----- KL to the reference -----------------------------------------------------------------------------------
+    def _kl(self, expr, frame, depth) -> int | None:
+        name = self._name(expr)
+        if name is not None and self._excluded(name):
+            return None
+        if isinstance(expr, cst.Comparison):
+            return None
+        difference = self._log_ratio(expr, frame, depth)
+        if difference is not None:
+            return difference
+        if isinstance(expr, (cst.Name, cst.Attribute, cst.Subscript)) and key_of(expr) is not None:
+            inner = self._through_definitions("kl", expr, frame, depth)
+            if inner is not None:
+                return inner
+            if not self._visible(expr, frame) and name is not None and self.a.names.is_role(name, "kl"):
+                return 1
+            return None
+        if isinstance(expr, cst.Call):
+            method = self.a.method(expr)
+            recv = S.receiver(expr)
+            if method in ("mean", "sum", "nanmean", "float", "detach", "squeeze", "clamp", "contiguous") and \
+                    recv is not None:
+                return self.sign("kl", recv, frame, depth - 1)
+            if self.a.callee(expr) is None and name is not None and self.a.names.is_role(name, "kl") and \
+                    any(self._logp_like(arg.value, frame) for arg in expr.args):
+                return 1  # kl_penalty(logp, ref_logp), a KL helper out of view fed log-probs
+        return self._linear("kl", expr, frame, depth)
+
+    def _log_ratio(self, expr, frame, depth) -> int | None:
+        """+1 for ``logp - ref_logp`` (and estimators built from it, k3 included), -1 for ``ref_logp - logp``:
+        the sign of the policy's log-probs against the reference's in the value's linear part."""
+        terms = self.signs.terms(expr, frame, stop=self._logp_stop, depth=6)
+        ref, pol = set(), set()
+        for t in terms:
+            if self._is_reference_logp(t.expr, t.frame):
+                ref.add(t.sign)
+            elif self._is_policy_logp(t.expr, t.frame):
+                pol.add(t.sign)
+            elif S.number_value(t.expr) is None and not self._function_of_log_ratio(t.expr, t.frame):
+                return None  # another term: a loss or reward that contains a log-ratio, not the estimate itself
+        if len(ref) == 1 and len(pol) == 1 and ref != pol:
+            return pol.pop()
+        return None
+
+    def _function_of_log_ratio(self, expr, frame) -> bool:
+        """``exp(ref - logp)``, ``(logp - ref) ** 2``, ``ratio.log()``: a non-linear piece of a KL estimator built
+        only from the two log-probs (k2, k3)."""
+        inner = None
+        if isinstance(expr, cst.Call) and (self.a.call_name(expr) in ("torch.exp", "torch.square", "torch.log")
+                                           and expr.args):
+            inner = expr.args[0].value
+        elif isinstance(expr, cst.Call) and self.a.method(expr) in ("exp", "square", "log", "pow"):
+            inner = S.receiver(expr)
+        elif isinstance(expr, cst.BinaryOperation) and isinstance(expr.operator, cst.Power):
+            inner = expr.left
+        if inner is None:
+            return False
+        terms = self.signs.terms(inner, frame, stop=self._logp_stop, depth=6)
+        return bool(terms) and all(self._is_reference_logp(t.expr, t.frame) or self._is_policy_logp(t.expr, t.frame)
+                                   or S.number_value(t.expr) is not None for t in terms)
+
+    def _logp_stop(self, expr, frame) -> bool:
+        return self._is_reference_logp(expr, frame) or self._is_policy_logp(expr, frame)
+
+    def _is_reference_logp(self, expr, frame) -> bool:
+        name = self._name(expr)
+        if name is not None and (self.a.names.is_role(name, "ref_logp") or (
+                self.a.names.is_role(name, "ref_model") and isinstance(expr, cst.Name))):
+            return True  # `ref` beside the policy's log-probs in a log-ratio is the reference's
+        forwards = [o for o in self.prov.value(expr, frame) if o.kind == FORWARD]
+        return bool(forwards) and all(o.model is not None and o.model.role == "reference" and
+                                      o.what in ("logprobs", "output") for o in forwards)
+
+    def _is_policy_logp(self, expr, frame) -> bool:
+        name = self._name(expr)
+        if name is not None and (self.a.names.is_role(name, "ref_logp") or self.a.names.is_role(name, "old_logp")):
+            return False
+        if name is not None and self.a.names.is_role(name, "logp"):
+            return True
+        forwards = [o for o in self.prov.value(expr, frame) if o.kind == FORWARD]
+        return bool(forwards) and all(o.what == "logprobs" and (o.model is None or o.model.role in ("policy", "model"))
+                                      for o in forwards)
+
+    def _logp_like(self, expr, frame) -> bool:
+        return self._is_policy_logp(expr, frame) or self._is_reference_logp(expr, frame) or any(
+            o.what == "logprobs" for o in self.prov.value(expr, frame) if o.kind == FORWARD)
+
+
+def quantities(a: "Analysis") -> Quantities:
+    return a.facet("quantities", Quantities)
