@@ -226,6 +226,27 @@ def sink_name(a: "Analysis", sink: Sink) -> str | None:
     return key.rsplit(".", 1)[-1] if key else None
 
 
+MAXIMISED_NAME = re.compile(r"(?i)\w*(objective|surrogate|reward|return|score|gain|utility|elbo)s?\w*")
+
+
+def start(a: "Analysis", sink: Sink, term: Term) -> tuple[cst.CSTNode, cst.BaseExpression, cst.BaseExpression]:
+    """(statement, value, operand) where ``term`` starts its way into ``sink``: the innermost statement on the way
+    that does not bind a value meant to be maximised (``surrogate = torch.min(...)`` is right as it is; the fault is
+    where it becomes a loss), else the sink."""
+    sink_value = sink.expr if sink.kind != "named" else _value(sink.node)
+    chain = [(sink.node, sink_value)] + [(stmt, _value(stmt)) for _, stmt in term.via]
+    reads = [read for read, _ in term.via] + [term.expr]
+    for (stmt, value), inner in reversed(list(zip(chain, reads))):
+        if value is None:
+            continue
+        names = [d.key.rsplit(".", 1)[-1] for d in a.index.stmt_defs.get(id(stmt), ())]
+        if names and all(MAXIMISED_NAME.fullmatch(n) for n in names):
+            continue
+        operand = _operand_containing(a, value, inner)
+        return stmt, value, operand if operand is not None else value
+    return sink.node, sink_value, sink_value
+
+
 def _value(stmt: cst.CSTNode) -> cst.BaseExpression | None:
     if isinstance(stmt, (cst.Assign, cst.AnnAssign, cst.AugAssign)):
         return stmt.value

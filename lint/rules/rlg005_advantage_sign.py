@@ -8,14 +8,17 @@ from typing import Iterator
 
 import libcst as cst
 
-from rlguard.lint.context import ModuleContext, dotted_name, iter_calls, receiver, value_name
+from rlguard.lint.analysis import Analysis
+from rlguard.lint.analysis import semantics as S
+from rlguard.lint.analysis.index import key_of
+from rlguard.lint.analysis.losses import losses, start, top_terms
+from rlguard.lint.analysis.roles import ratio_terms
+from rlguard.lint.analysis.signs import factors, min_max_kind, signs
+from rlguard.lint.analysis.terms import quantities
 from rlguard.lint.rule import Invalid, Rule, Valid, Violation
-from rlguard.lint.rules._loss import is_minimised_loss
-from rlguard.lint.rules._signs import (BASELINE_NAME, REDUCTIONS, SIGN_KEEPING_FUNCTIONS, SIGN_KEEPING_METHODS, SignSearch,
-                                       _terms, is_baseline, loss_candidate_filter, min_max_kind, reaching, role_matcher, role_stop,
-                                       sum_statements, target_key)
 
 WEIGHT_ROLES = ("advantages", "returns", "rewards")
+BASELINE_NAME = re.compile(r"(?i)\w*(mean|avg|average|baseline|values?|vpreds?|v_preds?|bias)\w*|v|b|mu|base")
 RATIO_NAME = re.compile(r"(?i)\w*ratios?\w*|rhos?|coef_[12]|is_weights?|importance_weights?")
 # clip bounds, not ratios: verl's clip_ratio_c, clip_ratio_low/high
 NOT_RATIO_NAME = re.compile(r"(?i)\w*clip_?ratio\w*|\w*ratio_(c|low|high|max|min|eps|clip|range)")
@@ -71,6 +74,7 @@ class AdvantageSign(Rule):
     """
 
     code = "RLG005"
+    on_core = True
     # every branch starts with a literal (Python's re scans those fast); the rule checks the roles itself
     triggers = (r"advantage|Advantage|adv(?:s\b|_|\b)|\*\s*-?\s*(?:A|returns?|rewards?)\b"
                 r"|(?:returns?|rewards?)\s*\*\s*\w*(?:ratio|log_?prob|logp)|A\s*\*\s*\w*(?:ratio|log_?prob|logp)")
@@ -123,108 +127,143 @@ class AdvantageSign(Rule):
         Invalid("advantages *= -1\n", line=1, why="in-place negation"),
     ]
 
-    def check(self, ctx: ModuleContext) -> Iterator[Violation]:
-        weight = SignSearch(ctx, role_matcher(ctx, *WEIGHT_ROLES, exclude=COEF_ROLES), role_stop(ctx, *COEF_ROLES),
-                            skip_term=lambda term: is_baseline(ctx, term))
-        ratio = SignSearch(ctx, lambda n: (RATIO_NAME.fullmatch(n) is not None and not NOT_RATIO_NAME.fullmatch(n))
-                           or ctx.names.is_role(n, "logp"))
-
+    def check(self, ctx: Analysis) -> Iterator[Violation]:
+        judge = _Surrogates(ctx)
         # 1. PPO clip with min/max of the wrong sign
         bad_clips: list[cst.Call] = []
-        minmax_args: set[str] = set()
         for call in ctx.nodes(cst.Call):
             kind = min_max_kind(ctx, call)
             if kind is None:
                 continue
-            for arg in call.args:
-                key = dotted_name(arg.value)
-                if key is not None:
-                    minmax_args.add(key)
-            signs = [weight.sign_of(a.value) for a in call.args]
-            if None in signs or signs[0] != signs[1]:
-                continue
-            if any(ratio.sign_of(a.value) is None for a in call.args):  # dual clip: -A * c has no ratio
-                continue
-            if (kind == "max") == (signs[0] > 0):
+            signs_ = [judge.surrogate_sign(arg.value) for arg in call.args]
+            if None in signs_ or signs_[0] != signs_[1]:
+                continue  # dual clip (-A * c has no ratio) or mixed forms
+            if (kind == "max") == (signs_[0] > 0):
                 bad_clips.append(call)
                 form = "max of ratio * A and clipped * A" if kind == "max" else "min of -ratio * A and -clipped * A"
                 yield Violation(call, f"PPO clip takes the {form}: that is the optimistic bound, which removes the "
                                       "trust region; use -torch.min(ratio * A, clipped * A) or "
                                       "torch.max(-ratio * A, -clipped * A)")
 
-        # 3 (first part). advantages negated
-        negations = []
-        for stmt, value, target in _advantage_assignments(ctx):
-            if isinstance(stmt, cst.AugAssign):
-                negated = isinstance(stmt.operator, (cst.MultiplyAssign, cst.DivideAssign)) and _negative_literal(value)
-            else:
-                negated = _source_sign(ctx, value, SIGN_DEPTH_ADV) == -1
-            if negated:
-                negations.append(stmt)
+        # 2. advantages negated
+        negations = [stmt for stmt in _advantage_assignments(ctx) if judge.negates(stmt)]
 
-        # 2. surrogate not negated in a minimised loss. Judged where the value ends up (a positive objective
-        # named like a loss and negated later, as TRL does, is fine), reported where the fault starts.
-        candidates = [(target, value, stmt) for target, value, stmt in sum_statements(ctx)
-                      if target_key(target) not in minmax_args]
-        for call in iter_calls(ctx, "backward"):
-            recv = receiver(call)
-            if recv is not None and not isinstance(recv, (cst.Name, cst.Attribute)):
-                candidates.append((None, recv, call))
-        candidates.sort(key=lambda c: ctx.order[id(c[2])])
-        may_be_loss = loss_candidate_filter(ctx)
-        judged = []  # (stmt, term, net sign, via, target)
-        for target, value, stmt in candidates:
-            if target is not None and (_not_a_loss(ctx, target) or not may_be_loss(target, stmt)
-                                       or not is_minimised_loss(ctx, target, stmt)):
+        # 3. surrogate not negated in a minimised loss, judged where the value ends up, reported where it starts
+        loss = losses(ctx)
+        sign_of = signs(ctx)
+        judged = []
+        for sink in loss.sinks():
+            for term in sink.terms(sign_of, judge.stop):
+                inner = judge.surrogate_sign(term.expr, term.frame)
+                if inner is not None:
+                    judged.append((sink, term, term.sign * inner))
+        correct_vias = [{id(s) for _, s in term.via} for _, term, net in judged if net < 0]
+        reported: set[int] = set()
+        for sink, term, net in judged:
+            if net < 0:
                 continue
-            for sign, term in _terms(value):
-                inner = weight.sign_of(term)
-                via = list(weight.via)
-                if inner is not None and ratio.sign_of(term) is not None:
-                    judged.append((stmt, term, sign * inner, via, target))
-        correct_vias = [via for _, _, net, via, _ in judged if net < 0]
-        wrong = [j for j in judged if j[2] > 0 and not any(j[0] in via for via in correct_vias)]
-        wrong_stmts = {id(j[0]) for j in wrong}
-        for stmt, term, _, via, target in wrong:
-            if any(id(s) in wrong_stmts for s in via if s is not stmt) or any(s in negations for s in via):
+            stmts = [s for _, s in term.via]
+            if any(s in negations for s in stmts):
+                continue  # the negated advantages are the cause: reported there
+            if any(ctx.contains(c, term.expr) or any(ctx.contains(s, c) for s in stmts) for c in bad_clips):
                 continue
-            if any(ctx.contains(term, c) or any(ctx.contains(s, c) for s in via) for c in bad_clips):
+            stmt, value, operand = start(ctx, sink, term)
+            if id(operand) in reported:
                 continue
-            node = term if target is not None and not _synthetic(stmt, term) else stmt
-            yield Violation(node, "the policy-gradient surrogate (ratio * A) enters a minimised loss with a + "
-                                  "sign, so the update makes high-advantage episodes less likely; negate it: "
-                                  "loss = -(ratio * A).mean()")
+            reported.add(id(operand))
+            yield Violation(operand, "the policy-gradient surrogate (ratio * A) enters a minimised loss with a + "
+                                     "sign, so the update makes high-advantage episodes less likely; negate it: "
+                                     "loss = -(ratio * A).mean()")
 
-        # 3. advantages negated (unless a later negation undoes it on the way into a correct loss)
+        # 2 (report). negated advantages, unless a later negation undoes it on the way into a correct loss
         for stmt in negations:
-            if not any(stmt in via for via in correct_vias):
+            if not any(id(stmt) in via for via in correct_vias):
                 yield Violation(stmt, "advantages are negated here (an advantage is reward minus baseline), so the "
                                       "update makes good episodes less likely; drop the minus")
+
+
+class _Surrogates:
+    """Policy-gradient surrogates: a ratio ``exp(logp - old)`` (or the log-probs themselves, REINFORCE) times the
+    advantages (or returns, rewards)."""
+
+    def __init__(self, ctx: Analysis):
+        self.ctx = ctx
+        self.signs = signs(ctx)
+        self.quantity = quantities(ctx)
+        self._ratios = {id(call) for call, _, _ in ratio_terms(ctx)}
+
+    def stop(self, expr, frame) -> bool:
+        return self.weight_sign(expr, frame) is not None or self.is_ratio(expr, frame)
+
+    def weight_sign(self, expr, frame=None) -> int | None:
+        """+1 for advantages/returns/rewards (by name, through sign-keeping operations), -1 when negated."""
+        name = _name_of(expr)
+        if name is not None:
+            vocab = self.ctx.names
+            if any(vocab.is_role(name, r) for r in WEIGHT_ROLES) and not vocab.is_role(name, "entropy_coef") and \
+                    not vocab.is_role(name, "kl_coef") and not vocab.is_role(name, "mask"):
+                return 1
+        if isinstance(expr, cst.Call) and self.ctx.method(expr) in ("unsqueeze", "view", "reshape", "squeeze",
+                                                                     "float", "to", "detach", "expand_as", "clone"):
+            return self.weight_sign(S.receiver(expr), frame)
+        if isinstance(expr, cst.Subscript) and key_of(expr) is None:
+            return self.weight_sign(expr.value, frame)
+        return None
+
+    def is_ratio(self, expr, frame=None, depth: int = 4) -> bool:
+        name = _name_of(expr)
+        if name is not None and RATIO_NAME.fullmatch(name) and not NOT_RATIO_NAME.fullmatch(name):
+            return True
+        if isinstance(expr, cst.Call):
+            if id(expr) in self._ratios:
+                return True
+            if self.ctx.method(expr) in ("clamp", "clip", "detach", "float") or self.ctx.call_name(expr) in (
+                    "torch.clamp", "torch.clip"):
+                inner = S.receiver(expr) if self.ctx.method(expr) else (expr.args[0].value if expr.args else None)
+                return inner is not None and self.is_ratio(inner, frame, depth)
+        key = key_of(expr)
+        if key is not None and depth > 0:
+            defs = self.ctx.flow.reaching(key, expr)
+            if defs and all(d.kind == "assign" and d.value is not None and d.element is None and
+                            self.is_ratio(d.value, frame, depth - 1) for d in defs):
+                return True
+        return self.quantity._is_policy_logp(expr, frame) if name is not None else False
+
+    def surrogate_sign(self, expr, frame=None) -> int | None:
+        """The net sign of the advantages in a surrogate ``ratio * A`` (through names and reductions), else None."""
+        for term in self.signs.terms(expr, frame, stop=self.stop):
+            sign, facs = factors(term.expr)
+            weights = [self.weight_sign(f, term.frame) for f in facs]
+            ratios = [self.is_ratio(f, term.frame) for f in facs]
+            if any(ratios) and sum(w is not None for w in weights) == 1:
+                w = next(w for w in weights if w is not None)
+                return term.sign * sign * w
+        return None
+
+    def negates(self, stmt) -> bool:
+        if isinstance(stmt, cst.AugAssign):
+            return isinstance(stmt.operator, (cst.MultiplyAssign, cst.DivideAssign)) and _negative_literal(stmt.value)
+        return _source_sign(self.ctx, stmt.value, SIGN_DEPTH_ADV) == -1
 
 
 SIGN_DEPTH_ADV = 8
 
 
-def _not_a_loss(ctx: ModuleContext, target) -> bool:
-    """Targets that flow into a loss but are not one: advantages, returns, rewards, baselines."""
-    key = target_key(target)
-    bare = key.rsplit(".", 1)[-1] if key else ""
-    return any(ctx.names.is_role(bare, r) for r in WEIGHT_ROLES) or bool(BASELINE_NAME.fullmatch(bare))
+def _name_of(expr) -> str | None:
+    key = key_of(expr)
+    if key is None:
+        return None
+    if key.endswith("']"):
+        return key[key.rindex("['") + 2:-2]
+    return key.rsplit(".", 1)[-1]
 
 
-def _synthetic(stmt, term) -> bool:
-    return isinstance(stmt, cst.AugAssign) and stmt.value is not term and not isinstance(stmt.value, cst.BinaryOperation)
-
-
-def _advantage_assignments(ctx: ModuleContext):
-    for stmt in ctx.nodes(cst.Assign):
-        if len(stmt.targets) == 1 and isinstance(stmt.targets[0].target, (cst.Name, cst.Attribute)):
-            if ctx.names.is_role(value_name(stmt.targets[0].target), "advantages"):
-                yield stmt, stmt.value, stmt.targets[0].target
-    for stmt in ctx.nodes(cst.AugAssign):
-        if isinstance(stmt.target, (cst.Name, cst.Attribute)) and ctx.names.is_role(
-                value_name(stmt.target), "advantages"):
-            yield stmt, stmt.value, stmt.target
+def _advantage_assignments(ctx: Analysis):
+    for stmt in ctx.nodes(cst.Assign, cst.AugAssign):
+        targets = [t.target for t in stmt.targets] if isinstance(stmt, cst.Assign) else [stmt.target]
+        if len(targets) == 1 and isinstance(targets[0], (cst.Name, cst.Attribute)) and \
+                ctx.names.is_role(_name_of(targets[0]), "advantages"):
+            yield stmt
 
 
 def _negative_literal(expr) -> bool:
@@ -232,15 +271,34 @@ def _negative_literal(expr) -> bool:
         expr.expression, (cst.Integer, cst.Float))
 
 
-def _source_sign(ctx: ModuleContext, expr: cst.BaseExpression, depth: int) -> int | None:
+def _is_baseline(ctx: Analysis, term) -> bool:
+    """A term subtracted as a baseline: a mean, a value estimate (``values``, ``baseline``, ``rewards.mean()``)."""
+    for _ in range(4):
+        if isinstance(term, cst.Call):
+            called = S.called_name(term) or ""
+            return bool(BASELINE_NAME.fullmatch(called)) or called in ("mean", "nanmean")
+        name = _name_of(term)
+        if name is None:
+            return False
+        if BASELINE_NAME.fullmatch(name):
+            return True
+        key = key_of(term)
+        defs = ctx.flow.reaching(key, term) if key else []
+        if len(defs) != 1 or defs[0].kind != "assign" or defs[0].value is None or defs[0].element is not None:
+            return False
+        term = defs[0].value
+    return False
+
+
+def _source_sign(ctx: Analysis, expr: cst.BaseExpression, depth: int) -> int | None:
     """The sign with which the reward-like quantity (rewards, returns, advantages; not their baselines) enters
     ``expr``; None when it does not."""
     if expr is None or depth < 0:
         return None
-    terms = _terms(expr)
+    terms = top_terms(expr)
     if len(terms) > 1:
         for sign, term in terms:
-            if is_baseline(ctx, term):
+            if _is_baseline(ctx, term):
                 continue
             inner = _source_sign(ctx, term, depth - 1)
             if inner is not None:
@@ -258,27 +316,25 @@ def _source_sign(ctx: ModuleContext, expr: cst.BaseExpression, depth: int) -> in
                 return sign * inner
         return None
     if isinstance(expr, cst.Call):
-        func = expr.func
-        if isinstance(func, cst.Attribute):
-            called = func.attr.value
-            if called in REDUCTIONS or called in SIGN_KEEPING_METHODS or called in (
-                    "unsqueeze", "view", "reshape", "float", "to", "detach", "clone", "squeeze", "flatten",
-                    "contiguous", "expand_as", "type_as"):
-                return _weighted(sign, _source_sign(ctx, func.value, depth - 1))
-            if ctx.call_name(expr) in SIGN_KEEPING_FUNCTIONS and expr.args:
-                return _weighted(sign, _source_sign(ctx, expr.args[0].value, depth - 1))
+        method = ctx.method(expr)
+        if method is not None and method in ("mean", "sum", "clamp", "clip", "unsqueeze", "view", "reshape", "float",
+                                             "to", "detach", "clone", "squeeze", "flatten", "contiguous", "expand_as",
+                                             "type_as", "nan_to_num", "masked_fill", "repeat_interleave"):
+            return _weighted(sign, _source_sign(ctx, S.receiver(expr), depth - 1))
+        if ctx.call_name(expr) in ("torch.clamp", "torch.clip", "torch.mean", "torch.sum") and expr.args:
+            return _weighted(sign, _source_sign(ctx, expr.args[0].value, depth - 1))
         return None
-    if isinstance(expr, cst.Subscript) and value_name(expr) is None:
+    if isinstance(expr, cst.Subscript) and key_of(expr) is None:
         return _weighted(sign, _source_sign(ctx, expr.value, depth - 1))
-    if isinstance(expr, (cst.Name, cst.Attribute)):
-        key = dotted_name(expr)
-        if key is not None and (isinstance(expr, cst.Name) or key.startswith("self.")):
-            for a in reaching(ctx, key, expr):
-                if a.value is not None and a.unpacked is None:
-                    inner = _source_sign(ctx, a.value, depth - 1)
+    if isinstance(expr, (cst.Name, cst.Attribute, cst.Subscript)):
+        key = key_of(expr)
+        if key is not None:
+            for d in ctx.flow.reaching(key, expr):
+                if d.kind == "assign" and d.value is not None and d.element is None:
+                    inner = _source_sign(ctx, d.value, depth - 1)
                     if inner is not None:
                         return sign * inner
-        name = value_name(expr)
+        name = _name_of(expr)
         if name is not None and any(ctx.names.is_role(name, r) for r in WEIGHT_ROLES):
             return sign
     return None
