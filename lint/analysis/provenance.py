@@ -104,6 +104,7 @@ class ObjectFacet(Facet):
         method = a.method(call)
         recv = S.receiver(call)
         if name in S.SHALLOW_COPY and call.args:
+            self.calls[id(call)] = call
             inner = trace.value(call.args[0].value, frame)
             if isinstance(inner, Tup):
                 return EMPTY
@@ -112,6 +113,7 @@ class ObjectFacet(Facet):
             self.calls[id(call)] = call
             return frozenset({Obj("new", f"new@{id(call)}", (last,), id(call))})
         if method == "get_base_model" and recv is not None:
+            self.calls[id(call)] = call
             inner = trace.value(recv, frame)
             return frozenset(Obj("peft", o.key, o.names, id(call)) for o in inner) if not isinstance(inner, Tup) else EMPTY
         if method in S.SAME_MODULE_METHODS and recv is not None:
@@ -125,6 +127,7 @@ class ObjectFacet(Facet):
         helper = trace.helper_call(call, frame)
         if helper is not None:
             return helper
+        self.calls[id(call)] = call
         if isinstance(call.func, cst.Name) and a.class_named(call.func.value) is not None:
             return frozenset({Obj("new", f"new@{id(call)}", (call.func.value,), id(call))})
         summary = a.summary_of_call(call)
@@ -176,9 +179,25 @@ class ObjectFacet(Facet):
         return EMPTY
 
     def helper(self, trace, call, returns, frame):
+        """A helper's result. An object it builds is a new object at every call: its identity is this call's (two
+        calls of a factory are two objects; a helper returning its argument keeps the argument's identity)."""
         if not returns:
             return EMPTY
-        return self.join(returns)
+        joined = self.join(returns)
+        if isinstance(joined, Tup):
+            return joined
+        func = self.a.callee(call)
+        out = set()
+        for o in joined:
+            if o.kind in ("new", "opaque") and func is not None and o.node_id and self._inside(func, o.node_id):
+                o = Obj(o.kind, f"{o.kind}@{id(call)}", o.names, id(call))
+                self.calls[id(call)] = call
+            out.add(o)
+        return frozenset(out)
+
+    def _inside(self, func, node_id: int) -> bool:
+        node = self.calls.get(node_id)
+        return node is not None and self.a.contains(func, node)
 
 
 def _last(expr: cst.BaseExpression) -> str | None:

@@ -8,16 +8,12 @@ from typing import Iterator
 
 import libcst as cst
 
-from rlguard.lint.context import ModuleContext, argument, dotted_name, method_name, receiver, value_name
+from rlguard.lint.analysis import Analysis
+from rlguard.lint.analysis import semantics as S
+from rlguard.lint.analysis.index import key_of
+from rlguard.lint.analysis.provenance import Tup, models, objects
 from rlguard.lint.rule import Invalid, Rule, Valid, Violation
-from rlguard.lint.rules._signs import reaching
 
-# Calls and methods that hand back the very same module object (nn.Module.to/half/eval... work in place).
-SAME_OBJECT_METHODS = frozenset({"eval", "train", "to", "cuda", "cpu", "half", "float", "double", "bfloat16",
-                                 "requires_grad_", "to_empty", "type", "unwrap_model", "compile"})
-SAME_OBJECT_FUNCTIONS = frozenset({"torch.compile"})
-OPTIMIZER_NAME = re.compile(r"(?i)(\w*adam\w*|sgd|rmsprop|adagrad|adadelta|adamax|lion|adafactor|lamb|lars|"
-                            r"\w*optimizer|\w*optimiser)")
 PARAMS_METHODS = frozenset({"parameters", "named_parameters"})
 WALK_LIMIT = 200
 
@@ -71,6 +67,7 @@ class ReferenceAlias(Rule):
     """
 
     code = "RLG008"
+    on_core = True
     # every branch starts with a literal (fast to scan): a reference-model name, or a bare `ref = <policy-ish>`
     triggers = (r"ref(?:erence)?(?:_?(?:model|policy|net|module|actor|lm)\b|\s*=\s*[^=\n]*(?:model|policy|actor|"
                 r"copy\(|net\b|agent)|\.(?:named_)?parameters\(|\.load_state_dict)|frozen_(?:model|policy)"
@@ -94,6 +91,20 @@ class ReferenceAlias(Rule):
         Valid("def make_ref(model):\n    return copy.deepcopy(model)\nref_model = make_ref(policy)\n",
               "helper that copies"),
         Valid("ref_model = model if args.share_ref else None\n", "a conditional: not clear aliasing"),
+        Valid("def _tiny():\n"
+              "    model = build_tiny_model(seed=0)\n"
+              "    return model\n"
+              "\n"
+              "def test_kl_after_step():\n"
+              "    model = _tiny()\n"
+              "    ref_model = _tiny()\n"
+              "    ref_model.load_state_dict(model.state_dict())\n",
+              "a factory helper builds a new model at every call: two calls are two objects"),
+        Valid("class Trainer:\n"
+              "    def __init__(self, policy, reference=None):\n"
+              "        self.policy = policy\n"
+              "        self.ref_model = reference if reference is not None else copy.deepcopy(policy)\n",
+              "a reference from the caller or a deep copy"),
     ]
     INVALID = [
         Invalid("ref_model = model\n", line=1),
@@ -115,142 +126,119 @@ class ReferenceAlias(Rule):
         Invalid("self.ref_model = self.accelerator.unwrap_model(self.model)\n", line=1),
     ]
 
-    def check(self, ctx: ModuleContext) -> Iterator[Violation]:
+    def check(self, ctx: Analysis) -> Iterator[Violation]:
+        model_of = models(ctx)
+        objs = objects(ctx)
         names = ctx.names
-
-        def is_ref(name):
-            return name is not None and names.is_role(name, "ref_model")
+        ref_roots: set = set()
 
         # 1. a reference bound to the policy
-        for target, value in _bindings(ctx):
-            if not is_ref(value_name(target)):
-                continue
-            found = _aliased_policy(ctx, value, 10)
-            if found is None:
-                continue
-            kind, node = found
-            if kind == "copy":
-                yield Violation(node, "copy.copy(...) is a shallow copy: the reference shares the policy's "
-                                      "parameters and moves with every step; use copy.deepcopy(...)",
-                                _deepcopy_fix(ctx, node))
-            elif kind == "peft":
-                yield Violation(node, "get_base_model() returns the PEFT model's base with the LoRA layers "
-                                      "injected in place, so the reference runs the adapter; compute reference "
-                                      "log-probs under `with model.disable_adapter():`")
-            else:
-                yield Violation(value, "the reference model is the live policy object, so the KL to it is "
-                                         "always 0; use copy.deepcopy(model).eval() or load a separate copy")
+        for stmt in ctx.nodes(cst.Assign, cst.AnnAssign):
+            for d in ctx.index.stmt_defs.get(id(stmt), ()):
+                if d.kind != "assign" or d.value is None or not names.is_role(_bare(d.key), "ref_model"):
+                    continue
+                value = d.value if d.element is None else _element(d.value, d.element)
+                if value is None:
+                    continue
+                found = objs.value(value)
+                if isinstance(found, Tup) or not found:
+                    continue
+                verdict = _aliasing(ctx, model_of, value, found)
+                if verdict is None:
+                    ref_roots |= {o.key for o in found}  # a reference object of its own
+                    continue
+                kind, node = verdict
+                if kind == "copy":
+                    yield Violation(node, "copy.copy(...) is a shallow copy: the reference shares the policy's "
+                                          "parameters and moves with every step; use copy.deepcopy(...)",
+                                    _deepcopy_fix(ctx, node))
+                elif kind == "peft":
+                    yield Violation(node, "get_base_model() returns the PEFT model's base with the LoRA layers "
+                                          "injected in place, so the reference runs the adapter; compute reference "
+                                          "log-probs under `with model.disable_adapter():`")
+                else:
+                    yield Violation(value, "the reference model is the live policy object, so the KL to it is "
+                                           "always 0; use copy.deepcopy(model).eval() or load a separate copy")
+
+        def is_ref(expr) -> bool:
+            found = objs.value(expr)
+            if isinstance(found, Tup):
+                return False
+            return bool({o.key for o in found} & ref_roots) or any(names.is_role(n, "ref_model")
+                                                                   for o in found for n in o.names)
 
         for call in ctx.nodes(cst.Call):
             # 2. the reference's parameters in an optimizer
             name = ctx.call_name(call) or ""
             last = name.rsplit(".", 1)[-1]
-            method = method_name(call)
-            if method == "add_param_group" or (OPTIMIZER_NAME.fullmatch(last) and (
+            method = ctx.method(call)
+            if method == "add_param_group" or (S.OPTIMIZER_CLASS.fullmatch(last) and (
                     last[:1].isupper() or name.startswith("torch.optim"))):
                 for arg in call.args:
-                    hit = _ref_parameters(ctx, arg.value, is_ref)
-                    if hit is not None:
+                    if _ref_parameters(ctx, arg.value, is_ref) is not None:
                         yield Violation(call, "the reference model's parameters are given to the optimizer, so the "
                                               "reference is trained along with the policy; optimise only the "
                                               "policy's parameters and freeze the reference")
                         break
             # 3. load_state_dict(..., assign=True) from the policy
-            elif method == "load_state_dict" and _is_true(argument(call, None, "assign")):
-                recv = receiver(call)
-                source = argument(call, 0, "state_dict")
-                if recv is not None and _chain_has(recv, is_ref) and isinstance(source, cst.Call) and method_name(
-                        source) == "state_dict" and _aliased_policy(ctx, receiver(source), 10) is not None:
-                    yield Violation(call, "load_state_dict(..., assign=True) makes the reference's parameters the "
-                                          "policy's own tensors (shared storage); drop assign=True to copy values")
+            elif method == "load_state_dict" and S.literal_bool(S.argument(call, None, "assign")) is True:
+                recv = S.receiver(call)
+                source = S.argument(call, 0, "state_dict")
+                if recv is not None and is_ref(recv) and isinstance(source, cst.Call) and ctx.method(
+                        source) == "state_dict":
+                    src_model = model_of.model(S.receiver(source))
+                    if src_model is not None and src_model.role in ("policy", "model"):
+                        yield Violation(call, "load_state_dict(..., assign=True) makes the reference's parameters "
+                                              "the policy's own tensors (shared storage); drop assign=True to copy "
+                                              "values")
 
 
-def _bindings(ctx: ModuleContext):
-    """(target, value) for every ``target = value``, tuples split element-wise when both sides are tuples."""
-    for stmt in ctx.nodes(cst.Assign, cst.AnnAssign):
-        targets = [t.target for t in stmt.targets] if isinstance(stmt, cst.Assign) else [stmt.target]
-        if stmt.value is None:
-            continue
-        for target in targets:
-            if isinstance(target, (cst.Tuple, cst.List)):
-                if isinstance(stmt.value, (cst.Tuple, cst.List)) and len(stmt.value.elements) == len(target.elements):
-                    for t, v in zip(target.elements, stmt.value.elements):
-                        yield t.value, v.value
-            else:
-                yield target, stmt.value
+def _bare(key: str) -> str:
+    return key.rsplit(".", 1)[-1]
 
 
-def _aliased_policy(ctx: ModuleContext, expr, depth: int):
-    """("alias", node) when ``expr`` is the policy object itself, ("copy", call) for a shallow copy of it,
-    ("peft", call) for a PEFT base model of it; None otherwise."""
-    if expr is None or depth < 0:
-        return None
-    names = ctx.names
-    if isinstance(expr, cst.Call):
-        qual = ctx.call_name(expr) or ""
-        method = method_name(expr)
-        if qual == "copy.copy" and expr.args:
-            inner = _aliased_policy(ctx, expr.args[0].value, depth - 1)
-            return ("copy", expr) if inner is not None and inner[0] == "alias" else inner
-        if method == "get_base_model":
-            inner = _aliased_policy(ctx, receiver(expr), depth - 1)
-            return ("peft", expr) if inner is not None else None
-        if method in SAME_OBJECT_METHODS and method not in ("unwrap_model", "compile"):
-            return _aliased_policy(ctx, receiver(expr), depth - 1)
-        if (method in ("unwrap_model", "compile") or qual in SAME_OBJECT_FUNCTIONS) and expr.args:
-            return _aliased_policy(ctx, expr.args[0].value, depth - 1)
-        if isinstance(expr.func, cst.Name) and len(ctx.functions.get(expr.func.value, ())) == 1:
-            fdef = ctx.functions[expr.func.value][0]
-            if not ctx.contains(fdef, expr):
-                for ret in ctx.helper_return_values(expr):
-                    inner = _aliased_policy(ctx, ret, depth - 1)
-                    if inner is not None:
-                        return inner
-        return None
-    if isinstance(expr, (cst.Name, cst.Attribute, cst.Subscript)):
-        name = value_name(expr)
-        if name is None:
-            return None
-        if names.is_role(name, "policy") and not names.is_role(name, "ref_model"):
-            return ("alias", expr)
-        key = dotted_name(expr)
-        if key is not None and (isinstance(expr, cst.Name) or key.startswith("self.")):
-            for a in reaching(ctx, key, expr):
-                if a.value is not None and a.unpacked is None:
-                    inner = _aliased_policy(ctx, a.value, depth - 1)
-                    if inner is not None:
-                        return inner
+def _element(value: cst.BaseExpression, position: int) -> cst.BaseExpression | None:
+    if isinstance(value, (cst.Tuple, cst.List)) and position < len(value.elements):
+        return value.elements[position].value
     return None
 
 
-def _chain_has(expr, pred) -> bool:
-    """Whether any name along ``a.b.c`` (or ``self.x``) satisfies ``pred``."""
-    while True:
-        if pred(value_name(expr)):
-            return True
-        if isinstance(expr, (cst.Attribute, cst.Subscript)):
-            expr = expr.value
-        elif isinstance(expr, cst.Call) and isinstance(expr.func, cst.Attribute):
-            expr = expr.func.value
-        else:
-            return False
+def _aliasing(ctx: Analysis, model_of, value, found):
+    """("alias", value) when every root of the reference is the policy's own object, ("copy", call) for a
+    shallow copy of it, ("peft", call) for its PEFT base; None otherwise (a new object, or no telling)."""
+    kinds = {o.kind for o in found}
+    if kinds <= {"copy"} or kinds <= {"peft"}:
+        inner_roots = frozenset(o.key for o in found)
+        names = tuple(n for o in found for n in o.names)
+        role = model_of._role(found, names) if names else "model"
+        if role in ("policy", "model") and (any(ctx.names.is_role(n, "policy") for n in names) or
+                                            inner_roots & model_of.trained_roots()):
+            node = objects(ctx).facet.calls.get(next(iter(found)).node_id)
+            return (next(iter(kinds)), node) if node is not None else None
+        return None
+    if kinds & {"new", "opaque", "copy", "peft"}:
+        return None
+    ref = model_of.model(value)
+    if ref is None or ref.role != "policy":
+        return None
+    return "alias", value
 
 
-def _ref_parameters(ctx: ModuleContext, expr, is_ref, depth: int = 3):
+def _ref_parameters(ctx: Analysis, expr, is_ref, depth: int = 3):
     """A ``ref.parameters()`` call inside ``expr`` (following names a few assignments back), or None."""
     stack = [(expr, depth)]
     seen = 0
     while stack and seen < WALK_LIMIT:
         node, d = stack.pop()
         seen += 1
-        if isinstance(node, cst.Call) and method_name(node) in PARAMS_METHODS:
-            recv = receiver(node)
-            if recv is not None and (_chain_has(recv, is_ref) or ctx.has_role(recv, "ref_model")):
+        if isinstance(node, cst.Call) and ctx.method(node) in PARAMS_METHODS:
+            recv = S.receiver(node)
+            if recv is not None and is_ref(recv):
                 return node
         if isinstance(node, cst.Name) and d > 0:
-            for a in reaching(ctx, node.value, node):
-                if a.value is not None:
-                    stack.append((a.value, d - 1))
+            for defn in ctx.flow.reaching(node.value, node):
+                if defn.kind == "assign" and defn.value is not None:
+                    stack.append((defn.value, d - 1))
             continue
         if isinstance(node, (cst.Call, cst.List, cst.Tuple, cst.Dict, cst.Element, cst.DictElement, cst.Arg,
                              cst.BinaryOperation, cst.ListComp, cst.GeneratorExp, cst.CompFor, cst.Attribute,
@@ -260,13 +248,9 @@ def _ref_parameters(ctx: ModuleContext, expr, is_ref, depth: int = 3):
     return None
 
 
-def _is_true(expr) -> bool:
-    return isinstance(expr, cst.Name) and expr.value == "True"
-
-
-def _deepcopy_fix(ctx: ModuleContext, call: cst.Call):
+def _deepcopy_fix(ctx: Analysis, call: cst.Call):
     func = call.func
     if isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name) and func.attr.value == "copy" and (
-            ctx.imports.get(func.value.value) == "copy"):
+            ctx.index.imports.get(func.value.value) == "copy"):
         return [(func.attr, func.attr.with_changes(value="deepcopy"))]
     return []
