@@ -8,14 +8,16 @@ from typing import Iterator
 
 import libcst as cst
 
-from rlguard.lint.context import ModuleContext, argument, dotted_name, method_name, receiver, value_name
+from rlguard.lint.analysis import Analysis, dotted_name
+from rlguard.lint.analysis import semantics as S
+from rlguard.lint.analysis.index import key_of
 from rlguard.lint.rule import Invalid, Rule, Valid, Violation
-from rlguard.lint.rules._signs import int_value, reaching, reduction_dim
 
+# Names of a group size (samples per prompt). Plain `samples`, `rollouts`, `k` are not: they name lists and indices.
 GROUP_NAME = re.compile(
-    r"(?i)(num_|n_|k_)?(group_?size|groups?_?len|generations(_per_prompt)?|samples(_per_(prompt|group|query))?|"
-    r"rollouts?(_per_prompt)?|responses_per_prompt|completions_per_prompt|return_sequences|rloo_k|repeat_times)"
-    r"|rollout_n|G|K")
+    r"(?i)(num_|n_|k_)?(group_?size|groups?_?len|generations(_per_prompt)?|samples_per_(prompt|group|query)|"
+    r"num_samples|n_samples|rollouts?_per_prompt|responses_per_prompt|completions_per_prompt|return_sequences|"
+    r"num_return_sequences|rloo_k|repeat_times|n_rollouts|num_rollouts)|rollout_n|G")
 STAT_METHODS = frozenset({"mean", "std", "var", "nanmean"})
 VIEW_METHODS = frozenset({"view", "reshape"})
 
@@ -71,6 +73,7 @@ class GroupBaseline(Rule):
     """
 
     code = "RLG009"
+    on_core = True
     triggers = r"reward|scores\b|advantage|adv(?:s\b|_|\b)|num_generations|group_size"
 
     VALID = [
@@ -94,6 +97,25 @@ class GroupBaseline(Rule):
         Valid("def adv(rewards, G):\n    grouped = rewards.view(-1, G)\n    centred = grouped - grouped.mean(dim=1, keepdim=True)\n"
               "    centred = centred / (centred.std() + 1e-8)\n    return centred.view(-1)\n",
               "batch scaling after per-group centring"),
+        Valid("def score_one(self, group):\n"
+              "    scores = np.array(group.scores, dtype=float)\n"
+              "    advantages = (scores - scores.mean()) / (scores.std() + 1e-8)\n"
+              "    samples = []\n"
+              "    return advantages, samples\n",
+              "a function that handles one group: its whole-array statistics are the group's own"),
+        Valid("def combine(rewards_per_func, weights, num_generations):\n"
+              "    per_group = rewards_per_func.view(-1, num_generations, rewards_per_func.size(-1))\n"
+              "    mu = torch.nanmean(per_group, dim=1, keepdim=True)\n"
+              "    normed = ((per_group - mu) / (per_group.std(dim=1, keepdim=True) + 1e-4)).flatten(0, 1)\n"
+              "    rewards = (normed * weights).sum(dim=1)\n"
+              "    return (rewards - rewards.mean()) / (rewards.std() + 1e-4)\n",
+              "batch whitening of a sum of per-group-normalised rewards (GDPO): groups stay centred"),
+        Valid("def ppo_adv(rewards, values, k):\n"
+              "    for k in range(3):\n"
+              "        pass\n"
+              "    adv = rewards - rewards.mean()\n"
+              "    return adv\n",
+              "k is a loop index, not a group size"),
     ]
     INVALID = [
         Invalid("def group_advantages(rewards, group_size, eps=1e-4):\n    advantages = rewards - rewards.mean()\n"
@@ -117,97 +139,55 @@ class GroupBaseline(Rule):
         Invalid("def adv(rewards, G):\n    prompts = prompts.repeat_interleave(G, dim=0)\n"
                 "    r = rewards.view(G, -1)\n    return (r - r.mean(dim=0)).flatten()\n", line=4,
                 why="contiguous layout but view(G, -1)"),
+        Invalid("class Grpo:\n"
+                "    def adv(self, r):\n"
+                "        k = self.samples_per_prompt\n"
+                "        base = r.view(-1, k).mean(0)\n"
+                "        return r - base.repeat_interleave(k)\n", line=4,
+                why="the group size through an alias, reduced over the wrong axis"),
     ]
 
-    def check(self, ctx: ModuleContext) -> Iterator[Violation]:
-        group_cache: dict[int, bool] = {}
-
-        def group_in_view(node) -> bool:
-            scope = ctx.enclosing_function(node) or ctx.module
-            hit = group_cache.get(id(scope))
-            if hit is None:
-                hit = any(GROUP_NAME.fullmatch(n.value) for n in ctx.descendants(scope, cst.Name)) if (
-                    scope is not ctx.module) else any(GROUP_NAME.fullmatch(n.value) for n in ctx.nodes(cst.Name))
-                group_cache[id(scope)] = hit
-            return hit
+    def check(self, ctx: Analysis) -> Iterator[Violation]:
+        groups = _Groups(ctx)
 
         # 1. whole-batch mean subtracted from rewards
         for op in ctx.nodes(cst.BinaryOperation):
             if not isinstance(op.operator, cst.Subtract):
                 continue
-            mean_call = _whole_mean(ctx, op.right)
+            mean_call = groups.whole_mean(op.right)
             if mean_call is None:
                 continue
             source = _mean_source(ctx, mean_call)
-            if source is None or not _reward_like(ctx, source) or not _reward_like(ctx, op.left):
+            if source is None or not groups.reward_like(source) or not groups.reward_like(op.left):
                 continue
-            if _in_loop(ctx, op) or _group_named(ctx, source) or not group_in_view(op):
+            if _in_loop(ctx, op) or groups.group_named(source) or groups.one_group_function(op):
+                continue
+            if not groups.group_in_view(op) or groups.centred_per_group(source):
                 continue
             yield Violation(op, "rewards are centred on the whole batch's mean, not each group's own: easy prompts "
                                 "get positive advantages for every sample; use rewards.view(-1, G).mean(dim=1, "
                                 "keepdim=True) as the baseline")
 
-        # 2. group statistics over the wrong axis
+        # 2. group statistics over the wrong axis; wrong group size
         for call in ctx.nodes(cst.Call):
-            method = method_name(call)
+            method = ctx.method(call)
             if method in STAT_METHODS or (ctx.call_name(call) or "").removeprefix("torch.") in STAT_METHODS:
-                violation = _wrong_axis(ctx, call)
+                violation = groups.wrong_axis(call)
                 if violation is not None:
                     yield violation
             elif method == "repeat_interleave":
-                violation = _wrong_group_size(ctx, call)
+                violation = groups.wrong_group_size(call)
                 if violation is not None:
                     yield violation
 
 
-def _strip(expr):
-    while isinstance(expr, cst.Call) and method_name(expr) in ("float", "to", "detach", "clone", "contiguous",
-                                                                  "unsqueeze", "squeeze", "expand_as"):
-        expr = receiver(expr)
-    return expr
-
-
-def _resolve(ctx: ModuleContext, expr, depth: int = 4):
-    """Follow a name to its single reaching value (a few steps), stripping dtype/shape-neutral methods."""
-    expr = _strip(expr)
-    for _ in range(depth):
-        key = dotted_name(expr) if isinstance(expr, (cst.Name, cst.Attribute)) else None
-        if key is None or not (isinstance(expr, cst.Name) or key.startswith("self.")):
-            return expr
-        assigns = reaching(ctx, key, expr)
-        if len(assigns) != 1 or assigns[0].value is None or assigns[0].unpacked is not None:
-            return expr
-        expr = _strip(assigns[0].value)
-    return expr
-
-
-def _whole_mean(ctx: ModuleContext, expr) -> cst.Call | None:
-    """``x.mean()`` / ``torch.mean(x)`` with no dim (directly or through a name), else None."""
-    expr = _resolve(ctx, expr)
-    if not isinstance(expr, cst.Call):
-        return None
-    if method_name(expr) in ("mean", "nanmean") and not (ctx.call_name(expr) or "").startswith("torch."):
-        return expr if not expr.args else None
-    if ctx.call_name(expr) in ("torch.mean", "torch.nanmean") and len(expr.args) == 1:
-        return expr
-    return None
-
-
-def _mean_source(ctx: ModuleContext, call: cst.Call):
-    if (ctx.call_name(call) or "").startswith("torch."):
+def _mean_source(ctx: Analysis, call: cst.Call):
+    if ctx.method(call) is None:
         return call.args[0].value if call.args else None
-    return receiver(call)
+    return S.receiver(call)
 
 
-def _reward_like(ctx: ModuleContext, expr) -> bool:
-    return ctx.has_role(expr, "rewards") and not ctx.has_role(expr, "advantages")
-
-
-def _group_named(ctx: ModuleContext, expr) -> bool:
-    return any("group" in n.lower() for n in ctx.role_names(expr))
-
-
-def _in_loop(ctx: ModuleContext, node) -> bool:
+def _in_loop(ctx: Analysis, node) -> bool:
     if ctx.enclosing_loops(node):
         return True
     for anc in ctx.ancestors(node):
@@ -218,97 +198,252 @@ def _in_loop(ctx: ModuleContext, node) -> bool:
     return False
 
 
-def _is_group(expr) -> bool:
-    name = value_name(expr) if isinstance(expr, (cst.Name, cst.Attribute)) else None
-    return name is not None and GROUP_NAME.fullmatch(name.rsplit(".", 1)[-1]) is not None
+def _strip(ctx: Analysis, expr):
+    while isinstance(expr, cst.Call) and ctx.method(expr) in ("float", "to", "detach", "clone", "contiguous",
+                                                              "unsqueeze", "squeeze", "expand_as"):
+        expr = S.receiver(expr)
+    return expr
 
 
-def _view_layout(ctx: ModuleContext, expr):
-    """For a value from ``x.view(a, b)``: ("PG", call, G) when one group per row, ("GP", call, G) when the group
-    size comes first; None when not a 2-d view with a visible group size."""
-    expr = _resolve(ctx, expr)
-    if not (isinstance(expr, cst.Call) and method_name(expr) in VIEW_METHODS):
+class _Groups:
+    def __init__(self, ctx: Analysis):
+        self.ctx = ctx
+        self._in_view: dict[int, bool] = {}
+
+    def resolve(self, expr, depth: int = 4):
+        """Follow a name to its single reaching value (a few steps), stripping dtype/shape-neutral methods."""
+        ctx = self.ctx
+        expr = _strip(ctx, expr)
+        for _ in range(depth):
+            key = key_of(expr) if isinstance(expr, (cst.Name, cst.Attribute)) else None
+            if key is None:
+                return expr
+            defs = ctx.flow.reaching(key, expr)
+            if len(defs) != 1 or defs[0].kind != "assign" or defs[0].value is None or defs[0].element is not None:
+                return expr
+            expr = _strip(ctx, defs[0].value)
+        return expr
+
+    def whole_mean(self, expr) -> cst.Call | None:
+        """``x.mean()`` / ``torch.mean(x)`` with no dim (directly or through a name), else None."""
+        expr = self.resolve(expr)
+        if not isinstance(expr, cst.Call):
+            return None
+        if self.ctx.method(expr) in ("mean", "nanmean"):
+            return expr if not expr.args else None
+        if self.ctx.call_name(expr) in ("torch.mean", "torch.nanmean", "numpy.mean") and len(expr.args) == 1:
+            return expr
         return None
-    args = [a.value for a in expr.args if a.keyword is None]
-    if len(args) == 1 and isinstance(args[0], (cst.Tuple, cst.List)):
-        args = [e.value for e in args[0].elements]
-    if len(args) != 2:
+
+    def reward_like(self, expr) -> bool:
+        names = self._names(expr)
+        vocab = self.ctx.names
+        return any(vocab.is_role(n, "rewards") for n in names) and not any(vocab.is_role(n, "advantages")
+                                                                          for n in names)
+
+    def _names(self, expr, depth: int = 6) -> list[str]:
+        out = []
+        for _ in range(depth):
+            expr = _strip(self.ctx, expr)
+            key = key_of(expr)
+            if key is None:
+                if isinstance(expr, cst.Subscript):
+                    expr = expr.value
+                    continue
+                break
+            out.append(key.rsplit("[", 1)[-1].strip("']") if "[" in key else key.rsplit(".", 1)[-1])
+            defs = self.ctx.flow.reaching(key, expr)
+            if len(defs) != 1 or defs[0].kind != "assign" or defs[0].value is None:
+                break
+            expr = defs[0].value
+        return out
+
+    def group_named(self, expr) -> bool:
+        return any("group" in n.lower() for n in self._names(expr))
+
+    def is_group(self, expr, depth: int = 3) -> bool:
+        """A group size: named so, or bound (through aliases) to something named so."""
+        name = key_of(expr) if isinstance(expr, (cst.Name, cst.Attribute)) else None
+        if name is None:
+            return False
+        if GROUP_NAME.fullmatch(name.rsplit(".", 1)[-1]):
+            return True
+        if depth > 0:
+            defs = self.ctx.flow.reaching(name, expr)
+            return bool(defs) and all(d.kind == "assign" and d.value is not None and self.is_group(d.value, depth - 1)
+                                      for d in defs)
+        return False
+
+    def group_in_view(self, node) -> bool:
+        """A group structure in the function: a group size (by name) used to reshape, repeat or split a tensor,
+        or a group-size attribute or parameter read."""
+        ctx = self.ctx
+        scope = ctx.enclosing_function(node) or ctx.module
+        hit = self._in_view.get(id(scope))
+        if hit is None:
+            hit = False
+            calls = ctx.index.descendants(scope, cst.Call) if scope is not ctx.module else ctx.nodes(cst.Call)
+            for call in calls:
+                if ctx.method(call) in ("view", "reshape", "repeat_interleave", "repeat", "split", "chunk", "unflatten") \
+                        and any(self.is_group(arg.value) for arg in call.args):
+                    hit = True
+                    break
+            if not hit and isinstance(scope, cst.FunctionDef):
+                params = [p.name.value for p in (*scope.params.params, *scope.params.kwonly_params)]
+                hit = any(GROUP_NAME.fullmatch(p) for p in params)
+                if not hit:
+                    attrs = ctx.index.descendants(scope, cst.Attribute)
+                    hit = any(GROUP_NAME.fullmatch(a.attr.value) and dotted_name(a.value) in (
+                        "self", "self.args", "args", "self.config", "config", "cfg", "self.cfg") for a in attrs)
+            self._in_view[id(scope)] = hit
+        return hit
+
+    def one_group_function(self, node) -> bool:
+        """A function that handles one group (``def score_group(group)``): whole-array statistics are the group's."""
+        func = self.ctx.enclosing_function(node)
+        if func is None:
+            return False
+        params = [p.name.value for p in (*func.params.params, *func.params.kwonly_params)]
+        return any(re.fullmatch(r"(?i)(\w+_)?group", p) for p in params) and not any(
+            GROUP_NAME.fullmatch(p) for p in params)
+
+    def centred_per_group(self, expr, depth: int = 12) -> bool:
+        """Whether ``expr`` derives from values already centred per group (a ``view(-1, G)`` whose mean over the
+        group axis was subtracted): whitening them over the batch keeps each group centred (GDPO)."""
+        ctx = self.ctx
+        from collections import deque
+
+        stack, seen = deque([expr]), 0
+        while stack and seen < 400:
+            node = stack.popleft()  # breadth first: the values nearest the whitening come first
+            seen += 1
+            if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Subtract):
+                right = self.resolve(node.right)
+                if isinstance(right, cst.Call) and (ctx.method(right) in STAT_METHODS or (
+                        ctx.call_name(right) or "").removeprefix("torch.") in STAT_METHODS):
+                    has_dim, dim = _reduction_dim(ctx, right)
+                    layout = self.view_layout(_mean_source(ctx, right))
+                    if has_dim and dim is not None and layout is not None:
+                        axis = dim + layout[3] if dim < 0 else dim
+                        if (layout[0] == "PG" and axis == 1) or (layout[0] == "GP" and axis == 0):
+                            return True
+            key = key_of(node) if isinstance(node, (cst.Name, cst.Attribute)) else None
+            if key is not None and key.startswith(("self.", "cls.")):
+                continue  # an attribute set elsewhere in the class: not this computation
+            if key is not None and depth > 0:
+                defs = [d for d in ctx.flow.reaching(key, node) if d.kind == "assign" and d.value is not None]
+                if defs or isinstance(node, cst.Name):
+                    stack.extend(d.value for d in defs)
+                    depth -= 1
+                    continue
+            if isinstance(node, cst.Attribute):
+                stack.append(node.value)  # never the attribute's own name
+                continue
+            stack.extend(c for c in node.children if isinstance(c, cst.BaseExpression) or isinstance(c, cst.Arg))
+        return False
+
+    def view_layout(self, expr):
+        """For a value from ``x.view(a, b)``: ("PG", call, G) when one group per row, ("GP", call, G) when the
+        group size comes first; None when not a 2-d view with a visible group size."""
+        expr = self.resolve(expr) if expr is not None else None
+        if not (isinstance(expr, cst.Call) and self.ctx.method(expr) in VIEW_METHODS):
+            return None
+        args = [a.value for a in expr.args if a.keyword is None]
+        if len(args) == 1 and isinstance(args[0], (cst.Tuple, cst.List)):
+            args = [e.value for e in args[0].elements]
+        if len(args) < 2:
+            return None
+        first, second = args[0], args[1]
+        if self.is_group(second) and not self.is_group(first) and not any(self.is_group(x) for x in args[2:]):
+            return "PG", expr, second, len(args)  # [P, G, ...]: one group per row, its axis is 1
+        if self.is_group(first) and not any(self.is_group(x) for x in args[1:]):
+            return "GP", expr, first, len(args)
         return None
-    first, second = args
-    if _is_group(second) and not _is_group(first):
-        return "PG", expr, second
-    if _is_group(first) and not _is_group(second):
-        return "GP", expr, first
-    return None
 
-
-def _wrong_axis(ctx: ModuleContext, call: cst.Call) -> Violation | None:
-    has_dim, dim = reduction_dim(call)
-    if not has_dim or dim is None:
-        return None
-    src = _mean_source(ctx, call)
-    layout = _view_layout(ctx, src) if src is not None else None
-    if layout is None:
-        return None
-    kind, _, group = layout
-    group_text = ctx.module.code_for_node(group)
-    if kind == "PG" and dim in (0, -2):
-        return Violation(call, f"view(-1, {group_text}) puts one group per row (samples of a prompt are "
-                               f"contiguous); take group statistics over dim=1, not dim={dim}")
-    if kind == "GP" and dim in (1, -1):
-        return Violation(call, f"view({group_text}, -1) with statistics over dim={dim} mixes prompts: with samples "
-                               f"of a prompt contiguous use view(-1, {group_text}).mean(dim=1)")
-    if kind == "GP" and dim in (0, -2) and _shows_contiguous(ctx, call):
-        return Violation(call, f"samples of a prompt are contiguous here (repeat_interleave), so view({group_text}, "
-                               f"-1) columns are not groups; use view(-1, {group_text}).mean(dim=1)")
-    return None
-
-
-def _shows_contiguous(ctx: ModuleContext, node) -> bool:
-    scope = ctx.enclosing_function(node) or ctx.module
-    return any(method_name(c) == "repeat_interleave" or ctx.call_name(c) == "torch.repeat_interleave"
-               for c in (ctx.descendants(scope, cst.Call) if scope is not ctx.module else ctx.nodes(cst.Call)))
-
-
-def _wrong_group_size(ctx: ModuleContext, call: cst.Call) -> Violation | None:
-    repeats = argument(call, 0, "repeats")
-    if repeats is None:
-        return None
-    stat = _resolve(ctx, receiver(call))
-    if not (isinstance(stat, cst.Call) and method_name(stat) in STAT_METHODS):
-        return None
-    src = _mean_source(ctx, stat)
-    layout = _view_layout(ctx, src) if src is not None else None
-    if layout is None or layout[0] != "PG":
-        # view(-1, n_prompts): the grouped dim is not a group-size name; still compare with the repeat count
-        layout = _any_view(ctx, src)
+    def wrong_axis(self, call: cst.Call) -> Violation | None:
+        ctx = self.ctx
+        has_dim, dim = _reduction_dim(ctx, call)
+        if not has_dim or dim is None:
+            return None
+        src = _mean_source(ctx, call)
+        layout = self.view_layout(src) if src is not None else None
         if layout is None:
             return None
-    group = layout[2]
-    texts_a = _texts(ctx, group)
-    texts_b = _texts(ctx, repeats)
-    if texts_a & texts_b:
+        kind, _, group, ndim = layout
+        group_text = ctx.code(group)
+        dim = dim + ndim if dim is not None and dim < 0 else dim
+        if ndim != 2:
+            if kind == "PG" and dim == 0:
+                return Violation(call, f"the view puts the group's samples on axis 1 (one group per row); take group "
+                                       f"statistics over dim=1, not dim=0")
+            return None
+        if kind == "PG" and dim == 0:
+            return Violation(call, f"view(-1, {group_text}) puts one group per row (samples of a prompt are "
+                                   f"contiguous); take group statistics over dim=1, not dim={dim}")
+        if kind == "GP" and dim == 1:
+            return Violation(call, f"view({group_text}, -1) with statistics over dim={dim} mixes prompts: with "
+                                   f"samples of a prompt contiguous use view(-1, {group_text}).mean(dim=1)")
+        if kind == "GP" and dim == 0 and self._shows_contiguous(call):
+            return Violation(call, f"samples of a prompt are contiguous here (repeat_interleave), so "
+                                   f"view({group_text}, -1) columns are not groups; use view(-1, "
+                                   f"{group_text}).mean(dim=1)")
         return None
-    if int_value(group) is not None and int_value(repeats) is not None and int_value(group) == int_value(repeats):
+
+    def _shows_contiguous(self, node) -> bool:
+        ctx = self.ctx
+        scope = ctx.enclosing_function(node) or ctx.module
+        calls = ctx.index.descendants(scope, cst.Call) if scope is not ctx.module else ctx.nodes(cst.Call)
+        return any(ctx.method(c) == "repeat_interleave" or ctx.call_name(c) == "torch.repeat_interleave"
+                   for c in calls)
+
+    def wrong_group_size(self, call: cst.Call) -> Violation | None:
+        ctx = self.ctx
+        repeats = S.argument(call, 0, "repeats")
+        if repeats is None:
+            return None
+        stat = self.resolve(S.receiver(call))
+        if not (isinstance(stat, cst.Call) and ctx.method(stat) in STAT_METHODS):
+            return None
+        src = _mean_source(ctx, stat)
+        layout = self.view_layout(src) if src is not None else None
+        if layout is None or layout[0] != "PG":
+            layout = self._any_view(src)
+            if layout is None:
+                return None
+        group = layout[2]
+        if self._texts(group) & self._texts(repeats):
+            return None
+        a, b = S.int_value(group), S.int_value(repeats)
+        if a is not None and b is not None and a == b:
+            return None
+        return Violation(call, f"the group statistic is computed over groups of {ctx.code(group)} but repeated "
+                               f"{ctx.code(repeats)} times: use the same group size for view(-1, G) and "
+                               "repeat_interleave(G)")
+
+    def _any_view(self, expr):
+        expr = self.resolve(expr) if expr is not None else None
+        if not (isinstance(expr, cst.Call) and self.ctx.method(expr) in VIEW_METHODS):
+            return None
+        args = [a.value for a in expr.args if a.keyword is None]
+        if len(args) == 2 and S.int_value(args[0]) == -1 and S.int_value(args[1]) is None:
+            return "PG", expr, args[1], 2
         return None
-    return Violation(call, f"the group statistic is computed over groups of {ctx.module.code_for_node(group)} but "
-                           f"repeated {ctx.module.code_for_node(repeats)} times: use the same group size for "
-                           "view(-1, G) and repeat_interleave(G)")
+
+    def _texts(self, expr) -> set[str]:
+        out = {self.ctx.code(expr).replace(" ", "")}
+        resolved = self.resolve(expr)
+        if resolved is not expr:
+            out.add(self.ctx.code(resolved).replace(" ", ""))
+        return out
 
 
-def _any_view(ctx: ModuleContext, expr):
-    expr = _resolve(ctx, expr) if expr is not None else None
-    if not (isinstance(expr, cst.Call) and method_name(expr) in VIEW_METHODS):
-        return None
-    args = [a.value for a in expr.args if a.keyword is None]
-    if len(args) == 2 and int_value(args[0]) == -1 and int_value(args[1]) is None:
-        return "PG", expr, args[1]
-    return None
-
-
-def _texts(ctx: ModuleContext, expr) -> set[str]:
-    out = {ctx.module.code_for_node(expr).replace(" ", "")}
-    resolved = _resolve(ctx, expr)
-    if resolved is not expr:
-        out.add(ctx.module.code_for_node(resolved).replace(" ", ""))
-    return out
+def _reduction_dim(ctx: Analysis, call: cst.Call) -> tuple[bool, int | None]:
+    """(has a dim argument, its integer value if literal) for ``x.mean(dim=1)``, ``x.sum(-1)``, ``torch.mean(x, 1)``."""
+    for arg in call.args:
+        if arg.keyword is not None and arg.keyword.value in ("dim", "axis"):
+            return True, S.int_value(arg.value)
+    positional = [a for a in call.args if a.keyword is None and not a.star]
+    index = 0 if ctx.method(call) is not None else 1
+    if len(positional) > index:
+        return True, S.int_value(positional[index].value)
+    return False, None
