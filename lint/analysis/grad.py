@@ -135,9 +135,19 @@ class GradContext:
         if hit is None:
             self._func[id(func)] = False  # recursion guard
             sites = call_sites(self.a, func)
-            hit = bool(sites) and all(self.enabled(site) is False for site in sites)
+            hit = bool(sites) and not entry_point(self.a, func) and all(self.enabled(site) is False for site in sites)
             self._func[id(func)] = hit
         return bool(hit)
+
+
+def entry_point(a: "Analysis", func: cst.FunctionDef) -> bool:
+    """A public method of a class that derives from a class of another module (``Trainer.compute_loss``,
+    ``nn.Module.forward``): a framework calls it from code out of view, so its in-module calls do not tell how
+    it runs."""
+    cls = a.enclosing_class(func)
+    if cls is None or func.name.value.startswith("_") and not func.name.value.startswith("__"):
+        return False
+    return any(a.class_named(dotted_name(base.value) or "") is None for base in cls.bases)
 
 
 def call_sites(a: "Analysis", func: cst.FunctionDef, limit: int = 16) -> list[cst.Call]:

@@ -6,9 +6,12 @@ from typing import Iterator
 
 import libcst as cst
 
-from rlguard.lint.context import ModuleContext, argument, dotted_name, method_name, receiver
+from rlguard.lint.analysis import Analysis
+from rlguard.lint.analysis import semantics as S
+from rlguard.lint.analysis.index import key_of
+from rlguard.lint.analysis.losses import losses
+from rlguard.lint.analysis.signs import signs
 from rlguard.lint.rule import Invalid, Rule, Valid, Violation
-from rlguard.lint.rules._signs import int_value, reaching, reduction_dim
 
 ROW_DIMS = (1, -1)
 
@@ -60,6 +63,7 @@ class LengthBias(Rule):
     """
 
     code = "RLG010"
+    on_core = True
     severity = "info"
     triggers = (r"mask\w*\s*\)?\s*\.sum\(\s*(?:dim\s*=\s*|axis\s*=\s*)?-?1\b|masked_mean\("
                 r"|torch\.sum\(\s*\w*mask")
@@ -78,6 +82,13 @@ class LengthBias(Rule):
         Valid("loss = (per_token_loss * mask).sum() / mask.sum().clamp(min=1.0)\n", "clamped token mean"),
         Valid("token_mean = (loss * mask).sum(-1) / mask.sum(-1)\nstats['per_seq'] = token_mean.tolist()\n",
               "per-sequence means only reported"),
+        Valid("current_kl = masked_mean(kld, mask=response_mask, axis=-1)\n"
+              "current_kl = torch.mean(current_kl, dim=0).item()\n"
+              "kl_ctrl.update(current_kl=current_kl, n_steps=n)\n",
+              "a per-sequence-mean statistic fed to a controller through .item(): a metric, not a loss"),
+        Valid("per_seq = (ratio * mask).sum(-1) / mask.sum(-1)\n"
+              "metrics['is_ratio_seq_mean'] = per_seq.mean()\n",
+              "stored in a metrics dict"),
     ]
     INVALID = [
         Invalid("loss = ((per_token_loss * completion_mask).sum(dim=1) / completion_mask.sum(dim=1)).mean()\n",
@@ -93,17 +104,18 @@ class LengthBias(Rule):
                 line=3, why="alias of the mask, axis keyword"),
     ]
 
-    def check(self, ctx: ModuleContext) -> Iterator[Violation]:
+    def check(self, ctx: Analysis) -> Iterator[Violation]:
+        agg = _Aggregation(ctx)
         for call in ctx.nodes(cst.Call):
-            inner = _sequence_mean_of(ctx, call)
-            if inner is not None and _per_sequence_mean(ctx, inner) and not _mode_switch(ctx, call):
+            inner = agg.sequence_mean_of(call)
+            if inner is not None and agg.per_sequence_mean(inner) and not _mode_switch(ctx, call) and agg.in_loss(call):
                 yield Violation(call, _MESSAGE)
         for op in ctx.nodes(cst.BinaryOperation):
             if not isinstance(op.operator, cst.Divide) or not isinstance(op.left, cst.Call):
                 continue
             left = op.left
-            if method_name(left) == "sum" and not left.args and not _mask_sum(ctx, op.right) and _per_sequence_mean(
-                    ctx, receiver(left)) and not _mode_switch(ctx, op):
+            if ctx.method(left) == "sum" and not left.args and not agg.mask_sum(op.right) and agg.per_sequence_mean(
+                    S.receiver(left)) and not _mode_switch(ctx, op) and agg.in_loss(op):
                 yield Violation(op, _MESSAGE)
 
 
@@ -112,93 +124,138 @@ _MESSAGE = ("the loss is a mean over sequences of per-sequence token means, so t
             ".sum(-1) / max_len")
 
 
-def _sequence_mean_of(ctx: ModuleContext, call: cst.Call):
-    """For ``x.mean()`` / ``x.mean(0)`` / ``torch.mean(x)``: ``x``; else None."""
-    name = ctx.call_name(call) or ""
-    if name in ("torch.mean", "torch.nanmean"):
-        has_dim, dim = reduction_dim(call)
-        return call.args[0].value if call.args and (not has_dim or dim == 0) else None
-    if method_name(call) in ("mean", "nanmean"):
-        has_dim, dim = reduction_dim(call)
-        return receiver(call) if not has_dim or dim == 0 else None
-    return None
+class _Aggregation:
+    def __init__(self, ctx: Analysis):
+        self.ctx = ctx
+        self._loss_statements: set[int] | None = None
+        self._sink_nodes: list | None = None
 
+    def in_loss(self, node: cst.CSTNode) -> bool:
+        """Whether ``node`` is part of a minimised loss: inside a loss sink's value, or in a statement a loss
+        flows through (a value only logged, ``.item()``-ed or fed to a controller is a metric)."""
+        ctx = self.ctx
+        if self._loss_statements is None:
+            stmts: set[int] = set()
+            nodes = []
+            sign_of = signs(ctx)
+            for sink in losses(ctx).sinks():
+                nodes.append(sink.expr)
+                stmts.add(id(sink.node))
+                for term in sink.terms(sign_of):
+                    stmts.update(id(s) for _, s in term.via)
+            self._loss_statements, self._sink_nodes = stmts, nodes
+        if any(node is n or ctx.contains(n, node) for n in self._sink_nodes):
+            return True
+        stmt = ctx.index.statement_of(node)
+        return id(stmt) in self._loss_statements
 
-def _resolve(ctx: ModuleContext, expr, depth: int = 4):
-    for _ in range(depth):
-        while isinstance(expr, cst.Call) and method_name(expr) in ("float", "to", "squeeze", "contiguous"):
-            expr = receiver(expr)
-        key = dotted_name(expr) if isinstance(expr, (cst.Name, cst.Attribute)) else None
-        if key is None or not (isinstance(expr, cst.Name) or key.startswith("self.")):
-            return expr
-        assigns = reaching(ctx, key, expr)
-        if len(assigns) != 1 or assigns[0].value is None or assigns[0].unpacked is not None:
-            return expr
-        expr = assigns[0].value
-    return expr
+    def sequence_mean_of(self, call: cst.Call):
+        """For ``x.mean()`` / ``x.mean(0)`` / ``torch.mean(x)``: ``x``; else None."""
+        ctx = self.ctx
+        name = ctx.call_name(call) or ""
+        if ctx.method(call) is None and name in ("torch.mean", "torch.nanmean"):
+            has_dim, dim = _reduction_dim(ctx, call)
+            return call.args[0].value if call.args and (not has_dim or dim == 0) else None
+        if ctx.method(call) in ("mean", "nanmean"):
+            has_dim, dim = _reduction_dim(ctx, call)
+            return S.receiver(call) if not has_dim or dim == 0 else None
+        return None
 
+    def resolve(self, expr, depth: int = 4):
+        ctx = self.ctx
+        for _ in range(depth):
+            while isinstance(expr, cst.Call) and ctx.method(expr) in ("float", "to", "squeeze", "contiguous"):
+                expr = S.receiver(expr)
+            key = key_of(expr) if isinstance(expr, (cst.Name, cst.Attribute)) else None
+            if key is None:
+                return expr
+            defs = ctx.flow.reaching(key, expr)
+            if len(defs) != 1 or defs[0].kind != "assign" or defs[0].value is None or defs[0].element is not None:
+                return expr
+            expr = defs[0].value
+        return expr
 
-def _per_sequence_mean(ctx: ModuleContext, expr) -> bool:
-    """``(x * mask).sum(-1) / mask.sum(-1)`` or ``masked_mean(x, mask, dim=-1)`` (through names)."""
-    expr = _resolve(ctx, expr)
-    if isinstance(expr, cst.Call) and (ctx.call_name(expr) or "").rsplit(".", 1)[-1] == "masked_mean":
-        dim = argument(expr, 2, "dim")
-        if dim is None:
-            dim = argument(expr, None, "axis")
-        return int_value(dim) in ROW_DIMS
-    if isinstance(expr, cst.BinaryOperation) and isinstance(expr.operator, cst.Divide):
-        return _row_sum(ctx, expr.left, need_mask=False) and _mask_row_sum(ctx, expr.right)
-    return False
-
-
-def _row_sum(ctx: ModuleContext, expr, need_mask: bool) -> bool:
-    """A sum over the last dim (``x.sum(-1)``, ``torch.sum(x, dim=1)``) of something with a mask in it."""
-    expr = _resolve(ctx, expr)
-    if not isinstance(expr, cst.Call):
+    def per_sequence_mean(self, expr) -> bool:
+        """``(x * mask).sum(-1) / mask.sum(-1)`` or ``masked_mean(x, mask, dim=-1)`` (through names)."""
+        ctx = self.ctx
+        expr = self.resolve(expr)
+        if isinstance(expr, cst.Call) and (ctx.call_name(expr) or "").rsplit(".", 1)[-1] == "masked_mean":
+            dim = S.argument(expr, 2, "dim")
+            if dim is None:
+                dim = S.argument(expr, None, "axis")
+            return S.int_value(dim) in ROW_DIMS
+        if isinstance(expr, cst.BinaryOperation) and isinstance(expr.operator, cst.Divide):
+            return self.row_sum(expr.left, need_mask=False) and self.mask_row_sum(expr.right)
         return False
-    is_torch = ctx.call_name(expr) in ("torch.sum", "torch.nansum")
-    if not (is_torch or method_name(expr) in ("sum", "nansum")):
+
+    def row_sum(self, expr, need_mask: bool) -> bool:
+        """A sum over the last dim (``x.sum(-1)``, ``torch.sum(x, dim=1)``) of something with a mask in it."""
+        ctx = self.ctx
+        expr = self.resolve(expr)
+        if not isinstance(expr, cst.Call):
+            return False
+        is_torch = ctx.method(expr) is None and ctx.call_name(expr) in ("torch.sum", "torch.nansum")
+        if not (is_torch or ctx.method(expr) in ("sum", "nansum")):
+            return False
+        has_dim, dim = _reduction_dim(ctx, expr)
+        if not has_dim or dim not in ROW_DIMS:
+            return False
+        summed = expr.args[0].value if is_torch else S.receiver(expr)
+        return self.has_mask(summed, top=need_mask)
+
+    def has_mask(self, expr, top: bool) -> bool:
+        """``top``: the expression *is* a mask; else a mask is one of its factors."""
+        ctx = self.ctx
+        expr = self.resolve(expr)
+        if top:
+            return self._is_mask(expr)
+        if isinstance(expr, cst.BinaryOperation) and isinstance(expr.operator, cst.Multiply):
+            return any(self.has_mask(side, top=True) or self.has_mask(side, top=False)
+                       for side in (expr.left, expr.right))
+        if isinstance(expr, cst.Call) and ctx.method(expr) == "masked_fill":
+            return True
         return False
-    has_dim, dim = reduction_dim(expr)
-    if not has_dim or dim not in ROW_DIMS:
-        return False
-    summed = expr.args[0].value if is_torch else receiver(expr)
-    return _has_mask(ctx, summed, top=need_mask)
+
+    def _is_mask(self, expr) -> bool:
+        key = key_of(expr)
+        name = None
+        if key is not None:
+            name = key[key.rindex("['") + 2:-2] if key.endswith("']") else key.rsplit(".", 1)[-1]
+        if name is not None and self.ctx.names.is_role(name, "mask"):
+            return True
+        return isinstance(expr, cst.Comparison)
+
+    def mask_row_sum(self, expr) -> bool:
+        ctx = self.ctx
+        expr = self.resolve(expr)
+        while True:
+            if isinstance(expr, cst.BinaryOperation) and isinstance(expr.operator, cst.Add):
+                expr = expr.left if not isinstance(expr.left, (cst.Float, cst.Integer)) else expr.right
+            elif isinstance(expr, cst.Call) and ctx.method(expr) in ("clamp", "clamp_min", "clip", "float", "to"):
+                expr = S.receiver(expr)
+            elif isinstance(expr, cst.Call) and ctx.call_name(expr) in ("torch.clamp", "torch.clamp_min", "torch.clip"):
+                expr = expr.args[0].value if expr.args else None
+            else:
+                break
+        return expr is not None and self.row_sum(expr, need_mask=True)
+
+    def mask_sum(self, expr) -> bool:
+        expr = self.resolve(expr)
+        return isinstance(expr, cst.Call) and self.ctx.method(expr) == "sum" and self._is_mask(S.receiver(expr))
 
 
-def _has_mask(ctx: ModuleContext, expr, top: bool) -> bool:
-    """``top``: the expression *is* a mask; else a mask is one of its factors."""
-    expr = _resolve(ctx, expr)
-    if top:
-        return ctx.has_role(expr, "mask")
-    if isinstance(expr, cst.BinaryOperation) and isinstance(expr.operator, cst.Multiply):
-        return _has_mask(ctx, expr.left, top=True) or _has_mask(ctx, expr.right, top=True) or _has_mask(
-            ctx, expr.left, top=False) or _has_mask(ctx, expr.right, top=False)
-    if isinstance(expr, cst.Call) and method_name(expr) == "masked_fill":
-        return True
-    return False
+def _reduction_dim(ctx: Analysis, call: cst.Call) -> tuple[bool, int | None]:
+    for arg in call.args:
+        if arg.keyword is not None and arg.keyword.value in ("dim", "axis"):
+            return True, S.int_value(arg.value)
+    positional = [a for a in call.args if a.keyword is None and not a.star]
+    index = 0 if ctx.method(call) is not None else 1
+    if len(positional) > index:
+        return True, S.int_value(positional[index].value)
+    return False, None
 
 
-def _mask_row_sum(ctx: ModuleContext, expr) -> bool:
-    expr = _resolve(ctx, expr)
-    while True:
-        if isinstance(expr, cst.BinaryOperation) and isinstance(expr.operator, cst.Add):
-            expr = expr.left if not isinstance(expr.left, (cst.Float, cst.Integer)) else expr.right
-        elif isinstance(expr, cst.Call) and method_name(expr) in ("clamp", "clamp_min", "clip", "float", "to"):
-            expr = receiver(expr)
-        elif isinstance(expr, cst.Call) and ctx.call_name(expr) in ("torch.clamp", "torch.clamp_min", "torch.clip"):
-            expr = expr.args[0].value if expr.args else None
-        else:
-            break
-    return expr is not None and _row_sum(ctx, expr, need_mask=True)
-
-
-def _mask_sum(ctx: ModuleContext, expr) -> bool:
-    expr = _resolve(ctx, expr)
-    return isinstance(expr, cst.Call) and method_name(expr) == "sum" and ctx.has_role(receiver(expr), "mask")
-
-
-def _mode_switch(ctx: ModuleContext, node) -> bool:
+def _mode_switch(ctx: Analysis, node) -> bool:
     """Inside ``if <x> == "<mode>":`` or a ``match`` case: a configurable aggregation mode."""
     for anc in ctx.ancestors(node):
         if isinstance(anc, cst.If) and isinstance(anc.test, cst.Comparison) and any(
