@@ -40,6 +40,27 @@ def hinted_role(a: "Analysis", target: cst.BaseExpression, roles=TARGET_ROLES) -
     return None
 
 
+def names_along(a: "Analysis", expr: cst.BaseExpression, depth: int = 6) -> list[str]:
+    """The names a value is known by along its chain of single definitions (``m = batch["action_mask"]; keep = m``
+    -> ``keep``, ``m``, ``action_mask``), shape- and dtype-keeping methods looked through: hints for a role."""
+    out: list[str] = []
+    for _ in range(depth):
+        while isinstance(expr, cst.Call) and a.method(expr) in REDUCING | {"bool", "long", "int", "detach", "cpu",
+                                                                          "cuda", "unsqueeze", "expand_as"}:
+            expr = S.receiver(expr)
+        while isinstance(expr, cst.Subscript) and key_of(expr) is None:
+            expr = expr.value
+        key = key_of(expr)
+        if key is None:
+            break
+        out.append(key[key.rindex("['") + 2:-2] if key.endswith("']") else key.rsplit(".", 1)[-1])
+        defs = a.flow.reaching(key, expr)
+        if len(defs) != 1 or defs[0].kind != "assign" or defs[0].value is None or defs[0].element is not None:
+            break
+        expr = defs[0].value
+    return out
+
+
 # ----- backward ---------------------------------------------------------------------------------------------
 def backward_calls(a: "Analysis") -> list[cst.Call]:
     """``x.backward()``, ``accelerator.backward(x)``, ``self.manual_backward(x)``, ``scaler.scale(x).backward()``."""

@@ -7,11 +7,25 @@ from typing import Iterator
 
 import libcst as cst
 
-from rlguard.lint.context import (PASS_THROUGH_METHODS, ModuleContext, argument, dotted_name, method_name,
-                                  receiver)
+from rlguard.lint.analysis import Analysis, dotted_name
+from rlguard.lint.analysis import semantics as S
+from rlguard.lint.analysis.index import key_of
+from rlguard.lint.analysis.loops import Loop, Training, training
+from rlguard.lint.analysis.roles import backward_loss, names_along
 from rlguard.lint.rule import Invalid, Rule, Valid, Violation
-from rlguard.lint.rules._loops import (Loop, header_words, is_accumulation_count, is_microbatch_loop,
-                                       loop_index, same_module_callee)
+
+PASS_THROUGH_METHODS = frozenset({
+    "float", "double", "half", "bfloat16", "bool", "long", "int", "to", "type", "type_as", "contiguous",
+    "clone", "detach", "cpu", "cuda", "view", "reshape", "view_as", "reshape_as", "squeeze", "unsqueeze",
+    "expand", "expand_as", "flatten", "requires_grad_", "as_subclass",
+})
+ACCUM_COUNT = re.compile(
+    r"(?i)\w*(grad_accum\w*|gradient_accumulation\w*|accum_steps|accum|accumulation_steps|accumulate\w*|"
+    r"n_micro\w*|num_micro\w*|micro_?steps|n_mbs?|num_mbs?|n_chunks|num_chunks|n_splits|num_splits|"
+    r"micro_batches|n_micro_batches|num_microbatches)")
+MICRO_WORD = re.compile(
+    r"(?i)(^|_)(micro\w*|mbs?|accum\w*|grad_accum\w*|gradient_accumulation\w*|chunks?|splits?|parts?|"
+    r"n_micro\w*|num_micro\w*)($|_)")
 
 MASKED_MEANS = frozenset({"masked_mean", "mean_masked", "masked_average", "masked_avg", "masked_token_mean",
                           "token_mean", "mean_tokens"})
@@ -70,6 +84,7 @@ class AccumulationScale(Rule):
     """
 
     code = "RLG006"
+    on_core = True
     # both a backward and some accumulation vocabulary (lookaheads at the start: one linear scan each)
     triggers = (r"(?is)\A(?=.*?\.backward\s*\()"
                 r"(?=.*?(accum|micro|\.chunk\(|\.split\(|\bmbs?\b|\bparts\b|\bn_chunks\b))")
@@ -157,277 +172,286 @@ class AccumulationScale(Rule):
                 "        scaler.step(optimizer)\n", line=3, why="AMP scaler, conditional step"),
     ]
 
-    def check(self, ctx: ModuleContext) -> Iterator[Violation]:
-        for call in loop_index(ctx).backward_calls:
-            loss = _backward_loss(call)
+    def check(self, ctx: Analysis) -> Iterator[Violation]:
+        acc = _Accumulation(ctx)
+        for call in acc.train.facts.backwards:
+            loss = backward_loss(call)
             if loss is None:
                 continue
             loops = ctx.enclosing_loops(call)
             loop = loops[0] if loops else None
-            mean = _token_mean(ctx, loss, loop, {}, DEPTH, set())
+            mean = acc.token_mean(loss, loop, {}, DEPTH, set())
             if mean is None:
                 continue
-            division = _divided_by_count(ctx, loss, DEPTH, set())
+            division = acc.divided_by_count(loss, DEPTH, set())
             if division is not None:
                 yield Violation(division, "the loss is each microbatch's own token mean divided by the number of "
-                                      "microbatches, so tokens of small microbatches weigh more; sum the "
-                                      "per-token losses and divide by the whole minibatch's token count "
-                                      "(`(loss_sum / total_tokens).backward()`)")
-            elif loop is not None and is_microbatch_loop(ctx, loop) and not _steps_every_iteration(ctx, loop):
+                                          "microbatches, so tokens of small microbatches weigh more; sum the "
+                                          "per-token losses and divide by the whole minibatch's token count "
+                                          "(`(loss_sum / total_tokens).backward()`)")
+            elif loop is not None and acc.train.is_microbatch_loop(loop) and not acc.steps_every_iteration(loop):
                 yield Violation(call, "per-microbatch token means are summed over the microbatches, so the "
                                       "gradient is scaled by their number and tokens of small microbatches weigh "
                                       "more; sum the per-token losses and divide by the whole minibatch's token "
                                       "count (`(loss_sum / total_tokens).backward()`)")
 
 
-def _backward_loss(call: cst.Call) -> cst.BaseExpression | None:
-    """``loss.backward()`` -> loss; ``accelerator.backward(loss)`` -> loss; ``scaler.scale(l).backward()`` -> l."""
-    recv = receiver(call)
-    if recv is None:
-        return None
-    name = dotted_name(recv) or ""
-    if call.args and re.search(r"(?i)accelerator|engine|strategy|fabric|self$|model|autograd", name):
-        loss = call.args[0].value
-    else:
-        loss = recv
-    while isinstance(loss, cst.Call) and method_name(loss) == "scale" and loss.args:
-        loss = loss.args[0].value
-    return loss
+class _Accumulation:
+    def __init__(self, ctx: Analysis):
+        self.ctx = ctx
+        self.train: Training = training(ctx)
 
+    def is_mask(self, expr) -> bool:
+        return any(self.ctx.names.is_role(n, "mask") for n in names_along(self.ctx, expr)[:4])
 
-def _steps_every_iteration(ctx: ModuleContext, loop: Loop) -> bool:
-    """An optimizer step (``opt.step()``, ``self.optimizer_step()``...) in the loop's body, not under an ``if``."""
-    for call in ctx.descendants(loop, cst.Call):
-        name = method_name(call) or (call.func.value if isinstance(call.func, cst.Name) else None)
-        if name is None or not STEP_NAME.fullmatch(name):
-            continue
-        recv = receiver(call)
-        if recv is not None and re.search(r"(?i)env|sched", dotted_name(recv) or ""):
-            continue
-        conditional = False
-        for anc in ctx.ancestors(call):
-            if anc is loop:
-                break
-            if isinstance(anc, (cst.If, cst.For, cst.While)):
-                conditional = True
-        if not conditional:
-            return True
-    return False
+    def is_accumulation_count(self, expr) -> bool:
+        """``grad_accum_steps``, ``self.args.gradient_accumulation_steps``, ``n_micro``, ``len(micro_batches)``."""
+        ctx = self.ctx
+        while isinstance(expr, cst.Call) and ctx.method(expr) in ("float", "int") and not expr.args:
+            expr = S.receiver(expr)
+        if isinstance(expr, cst.Call) and S.called_name(expr) in ("len", "float", "max") and ctx.method(expr) is None \
+                and expr.args:
+            return any(self.is_accumulation_count(a.value) or self.train.splits(a.value) or
+                       any(MICRO_WORD.search(n) for n in names_along(ctx, a.value)[:1])
+                       for a in expr.args)
+        key = key_of(expr)
+        name = key.rsplit(".", 1)[-1] if key else None
+        return name is not None and ACCUM_COUNT.fullmatch(name) is not None
 
-
-def _divided_by_count(ctx: ModuleContext, expr: cst.BaseExpression, depth: int,
-                      seen: set[int]) -> cst.CSTNode | None:
-    """The division of the loss by the number of microbatches / accumulation steps on its way, if any."""
-    if depth < 0 or id(expr) in seen:
-        return None
-    seen.add(id(expr))
-    if isinstance(expr, cst.BinaryOperation):
-        if isinstance(expr.operator, cst.Divide) and is_accumulation_count(ctx, expr.right):
-            return expr
-        if isinstance(expr.operator, (cst.Divide, cst.Multiply)):
-            return _divided_by_count(ctx, expr.left, depth - 1, seen)
-        return None
-    if isinstance(expr, cst.Call) and method_name(expr) in PASS_THROUGH_METHODS:
-        return _divided_by_count(ctx, expr.func.value, depth - 1, seen)
-    if isinstance(expr, (cst.Name, cst.Attribute)):
-        name = dotted_name(expr)
-        if name is None:
-            return None
-        for a in _assignments_before(ctx, name, expr):
-            if isinstance(a.statement, cst.AugAssign):
-                if isinstance(a.op, cst.DivideAssign) and is_accumulation_count(ctx, a.statement.value):
-                    return a.statement
-            elif a.value is not None:
-                hit = _divided_by_count(ctx, a.value, depth - 1, seen)
-                if hit is not None:
-                    return hit
-    return None
-
-
-def _assignments_before(ctx: ModuleContext, name: str, at: cst.CSTNode):
-    """Assignments to ``name`` in the same function that come before ``at`` (and ``self.x`` ones anywhere)."""
-    found = ctx.assignments_to(name, at)
-    if name.startswith("self."):
-        return found
-    return [a for a in found if a.index < ctx.order[id(at)]] or ctx.reaching_assignments(name, at)
-
-
-def _token_mean(ctx: ModuleContext, expr: cst.BaseExpression | None, loop: Loop | None, bindings: dict,
-                depth: int, seen: set[int]) -> cst.CSTNode | None:
-    """The node of a token mean over the current microbatch's own mask inside the loss ``expr``, else None.
-    ``bindings`` maps a helper's parameters to the caller's arguments (evaluated in the caller's loop)."""
-    if expr is None or depth < 0 or id(expr) in seen:
-        return None
-    seen.add(id(expr))
-    d = depth - 1
-    if isinstance(expr, cst.BinaryOperation):
-        op = expr.operator
-        if isinstance(op, cst.Divide):
-            locality = _count_locality(ctx, expr.right, loop, bindings, d)
-            if locality == "local":
-                return expr
-            if locality == "global":
-                return None
-            return _token_mean(ctx, expr.left, loop, bindings, d, seen)
-        if isinstance(op, cst.Multiply):
-            if any(_reweights(ctx, side, loop, bindings, d) for side in (expr.left, expr.right)):
-                return None
-        if isinstance(op, (cst.Multiply, cst.Add, cst.Subtract)):
-            return (_token_mean(ctx, expr.left, loop, bindings, d, seen)
-                    or _token_mean(ctx, expr.right, loop, bindings, d, seen))
-        return None
-    if isinstance(expr, cst.UnaryOperation):
-        return _token_mean(ctx, expr.expression, loop, bindings, d, seen)
-    if isinstance(expr, (cst.Name, cst.Attribute)):
-        name = dotted_name(expr)
-        if isinstance(expr, cst.Name) and name in bindings:
-            value, caller_loop = bindings[name]
-            return _token_mean(ctx, value, caller_loop, {}, d, seen)
-        if name is None or (isinstance(expr, cst.Attribute) and not name.startswith("self.")):
-            return None
-        for a in _assignments_before(ctx, name, expr):
-            if a.value is not None:
-                hit = _token_mean(ctx, a.value, loop, bindings, d, seen)
-                if hit is not None:
-                    return hit
-        return None
-    if not isinstance(expr, cst.Call):
-        return None
-    name = method_name(expr) or (expr.func.value if isinstance(expr.func, cst.Name) else None)
-    if name in MASKED_MEANS:
-        mask = argument(expr, 1, "mask")
-        dim = argument(expr, 2, "dim") or argument(expr, None, "axis")
-        if dim is not None and not (isinstance(dim, cst.Name) and dim.value == "None"):
-            return None
-        if mask is None or _locality(ctx, mask, loop, bindings, d) == "local":
-            return expr
-        return None
-    if name == "mean" and not expr.args and isinstance(expr.func, cst.Attribute):
-        inner = expr.func.value
-        if isinstance(inner, cst.Subscript) and len(inner.slice) == 1:
-            index = inner.slice[0].slice
-            if isinstance(index, cst.Index) and ctx.has_role(index.value, "mask"):
-                return expr if _locality(ctx, index.value, loop, bindings, d) == "local" else None
-        return None
-    if name in PASS_THROUGH_METHODS and isinstance(expr.func, cst.Attribute):
-        return _token_mean(ctx, expr.func.value, loop, bindings, d, seen)
-    helper = _helper(ctx, expr)
-    if helper is not None:
-        params = ctx.scopes[id(helper)].params
-        if params and params[0] in ("self", "cls"):
-            params = params[1:]
-        inner_bindings = {}
-        for pos, param in enumerate(params):
-            value = argument(expr, pos, param)
-            if value is not None:
-                inner_bindings[param] = (value, loop)
-        for ret in ctx.scopes[id(helper)].returns:
-            hit = _token_mean(ctx, ret.value, None, inner_bindings, d, seen)
-            if hit is not None:
-                return expr
-        return None
-    # a loss function of another module: a token mean when it is handed this microbatch's token count
-    for arg in expr.args:
-        if _count_locality(ctx, arg.value, loop, bindings, d) == "local":
-            return expr
-    return None
-
-
-def _helper(ctx: ModuleContext, call: cst.Call) -> cst.FunctionDef | None:
-    """The same-module function ``call`` runs: ``helper(...)``, ``self.helper(...)``, or the ``forward`` of a
-    same-module ``nn.Module`` instance (``self.loss_fn = PolicyLoss(); self.loss_fn(...)``)."""
-    return same_module_callee(ctx, call)
-
-
-def _reweights(ctx, expr, loop, bindings, depth) -> bool:
-    """``tok / total_tokens`` or ``mb_tokens`` as a factor: a microbatch mean reweighted by its token share."""
-    if isinstance(expr, cst.BinaryOperation) and isinstance(expr.operator, cst.Divide):
-        # a ratio (`tok / total_tokens`, `len(mb) / minibatch_size`): a deliberate reweighting; only a
-        # division of 1 by the number of microbatches is no reweighting
-        return not is_accumulation_count(ctx, expr.right)
-    return _count_locality(ctx, expr, loop, bindings, depth) is not None
-
-
-def _count_locality(ctx: ModuleContext, expr: cst.BaseExpression, loop: Loop | None, bindings: dict,
-                    depth: int) -> str | None:
-    """For a token count (``mask.sum()``, ``n_tokens`` assigned from one): "local" when it counts the current
-    microbatch's tokens, "global" when it counts the whole minibatch's, None when ``expr`` is no token count."""
-    if depth < 0:
-        return None
-    expr = _strip_clamps(expr)
-    if isinstance(expr, cst.Call):
-        name = method_name(expr)
-        if name in COUNT_METHODS and not _has_dim(expr) and ctx.has_role(expr.func.value, "mask"):
-            return _locality(ctx, expr.func.value, loop, bindings, depth - 1)
-        if ctx.call_name(expr) in ("torch.sum", "torch.count_nonzero") and len(expr.args) == 1 and \
-                ctx.has_role(expr.args[0].value, "mask"):
-            return _locality(ctx, expr.args[0].value, loop, bindings, depth - 1)
-        if isinstance(expr.func, cst.Name) and expr.func.value in ("sum", "max") and expr.args:
-            inner = [_count_locality(ctx, a.value, loop, bindings, depth - 1) for a in expr.args]
-            if isinstance(expr.args[0].value, (cst.GeneratorExp, cst.ListComp)):
-                return "global"  # sum(mb.mask.sum() for mb in micro_batches)
-            return "local" if "local" in inner else ("global" if "global" in inner else None)
-        return None
-    if isinstance(expr, cst.Name):
-        if expr.value in bindings:
-            value, caller_loop = bindings[expr.value]
-            return _count_locality(ctx, value, caller_loop, {}, depth - 1)
-        for a in ctx.reaching_assignments(expr.value, expr):
-            if a.value is None:
+    def steps_every_iteration(self, loop: Loop) -> bool:
+        """An optimizer step (``opt.step()``, ``self.optimizer_step()``...) in the loop's body, not under an ``if``."""
+        ctx = self.ctx
+        for call in ctx.index.descendants(loop, cst.Call):
+            name = S.called_name(call)
+            if name is None or not STEP_NAME.fullmatch(name):
                 continue
-            inner = _count_locality(ctx, a.value, loop, bindings, depth - 1)
-            if inner is not None:
-                return inner
+            recv = S.receiver(call)
+            if recv is not None and re.search(r"(?i)env|sched", dotted_name(recv) or ""):
+                continue
+            conditional = False
+            for anc in ctx.ancestors(call):
+                if anc is loop:
+                    break
+                if isinstance(anc, (cst.If, cst.For, cst.While)):
+                    conditional = True
+            if not conditional:
+                return True
+        return False
+
+    def divided_by_count(self, expr: cst.BaseExpression, depth: int, seen: set[int]) -> cst.CSTNode | None:
+        """The division of the loss by the number of microbatches / accumulation steps on its way, if any."""
+        ctx = self.ctx
+        if depth < 0 or id(expr) in seen:
+            return None
+        seen.add(id(expr))
+        if isinstance(expr, cst.BinaryOperation):
+            if isinstance(expr.operator, cst.Divide) and self.is_accumulation_count(expr.right):
+                return expr
+            if isinstance(expr.operator, (cst.Divide, cst.Multiply)):
+                return self.divided_by_count(expr.left, depth - 1, seen)
+            return None
+        if isinstance(expr, cst.Call) and ctx.method(expr) in PASS_THROUGH_METHODS:
+            return self.divided_by_count(S.receiver(expr), depth - 1, seen)
+        if isinstance(expr, (cst.Name, cst.Attribute)):
+            key = key_of(expr)
+            if key is None:
+                return None
+            for d in ctx.flow.reaching(key, expr):
+                if d.kind == "aug":
+                    if isinstance(d.op, cst.DivideAssign) and self.is_accumulation_count(d.value):
+                        return d.stmt
+                    hit = self._before_aug(d, depth, seen)
+                    if hit is not None:
+                        return hit
+                elif d.kind == "assign" and d.value is not None and d.element is None:
+                    hit = self.divided_by_count(d.value, depth - 1, seen)
+                    if hit is not None:
+                        return hit
         return None
-    return None
 
+    def _before_aug(self, d, depth, seen):
+        for prior in self.ctx.flow.reaching(d.key, d.stmt):
+            if prior.kind == "assign" and prior.value is not None:
+                hit = self.divided_by_count(prior.value, depth - 1, seen)
+                if hit is not None:
+                    return hit
+        return None
 
-def _strip_clamps(expr: cst.BaseExpression) -> cst.BaseExpression:
-    while True:
-        if isinstance(expr, cst.Call) and method_name(expr) in CLAMPS:
-            expr = expr.func.value
-        elif isinstance(expr, cst.Call) and isinstance(expr.func, cst.Name) and expr.func.value in (
-                "max", "float", "int") and len(expr.args) >= 1 and not isinstance(
-                expr.args[0].value, (cst.GeneratorExp, cst.ListComp)):
-            expr = expr.args[0].value
-        elif isinstance(expr, cst.BinaryOperation) and isinstance(expr.operator, cst.Add) and isinstance(
-                expr.right, (cst.Float, cst.Integer, cst.Name)) and not isinstance(expr.left, (cst.Float,
-                                                                                                 cst.Integer)):
-            expr = expr.left
-        else:
-            return expr
+    def token_mean(self, expr: cst.BaseExpression | None, loop: Loop | None, bindings: dict, depth: int,
+                   seen: set[int]) -> cst.CSTNode | None:
+        """The node of a token mean over the current microbatch's own mask inside the loss ``expr``, else None.
+        ``bindings`` maps a helper's parameters to the caller's arguments (evaluated in the caller's loop)."""
+        ctx = self.ctx
+        if expr is None or depth < 0 or id(expr) in seen:
+            return None
+        seen.add(id(expr))
+        d = depth - 1
+        if isinstance(expr, cst.BinaryOperation):
+            op = expr.operator
+            if isinstance(op, cst.Divide):
+                locality = self.count_locality(expr.right, loop, bindings, d)
+                if locality == "local":
+                    return expr
+                if locality == "global":
+                    return None
+                return self.token_mean(expr.left, loop, bindings, d, seen)
+            if isinstance(op, cst.Multiply):
+                if any(self.reweights(side, loop, bindings, d) for side in (expr.left, expr.right)):
+                    return None
+            if isinstance(op, (cst.Multiply, cst.Add, cst.Subtract)):
+                return (self.token_mean(expr.left, loop, bindings, d, seen)
+                        or self.token_mean(expr.right, loop, bindings, d, seen))
+            return None
+        if isinstance(expr, cst.UnaryOperation):
+            return self.token_mean(expr.expression, loop, bindings, d, seen)
+        if isinstance(expr, (cst.Name, cst.Attribute)):
+            key = key_of(expr)
+            if isinstance(expr, cst.Name) and key in bindings and not self._locally_defined(key, expr):
+                value, caller_loop = bindings[key]
+                return self.token_mean(value, caller_loop, {}, d, seen)
+            if key is None:
+                return None
+            for defn in ctx.flow.reaching(key, expr):
+                if defn.value is None:
+                    continue
+                if defn.kind == "aug":  # `loss /= n`: the mean is in the value before it
+                    for prior in ctx.flow.reaching(key, defn.stmt):
+                        if prior.kind == "assign" and prior.value is not None:
+                            hit = self.token_mean(prior.value, loop, bindings, d, seen)
+                            if hit is not None:
+                                return hit
+                elif defn.kind == "assign" and (defn.element is None or isinstance(defn.value, cst.Call)):
+                    # `loss, stats = compute_loss(...)`: the loss function's call is judged as a whole
+                    hit = self.token_mean(defn.value, loop, bindings, d, seen)
+                    if hit is not None:
+                        return hit
+            return None
+        if not isinstance(expr, cst.Call):
+            return None
+        name = S.called_name(expr)
+        if name in MASKED_MEANS:
+            mask = S.argument(expr, 1, "mask")
+            dim = S.argument(expr, 2, "dim") or S.argument(expr, None, "axis")
+            if dim is not None and not (isinstance(dim, cst.Name) and dim.value == "None"):
+                return None
+            if mask is None or self.locality(mask, loop, bindings, d) == "local":
+                return expr
+            return None
+        method = ctx.method(expr)
+        if method == "mean" and not expr.args:
+            inner = S.receiver(expr)
+            if isinstance(inner, cst.Subscript) and len(inner.slice) == 1:
+                index = inner.slice[0].slice
+                if isinstance(index, cst.Index) and self.is_mask(index.value):
+                    return expr if self.locality(index.value, loop, bindings, d) == "local" else None
+            return None
+        if method in PASS_THROUGH_METHODS:
+            return self.token_mean(S.receiver(expr), loop, bindings, d, seen)
+        helper = ctx.callee(expr)
+        if helper is not None:
+            from rlguard.lint.analysis.values import bind_arguments
+
+            inner_bindings = {param: (value, loop) for param, (value, _frame) in bind_arguments(helper, expr, None)}
+            for ret in ctx.index.scopes[id(helper)].returns:
+                hit = self.token_mean(ret.value, None, inner_bindings, d, seen)
+                if hit is not None:
+                    return expr
+            return None
+        # a loss function of another module: a token mean when it is handed this microbatch's token count
+        for arg in expr.args:
+            if self.count_locality(arg.value, loop, bindings, d) == "local":
+                return expr
+        return None
+
+    def _locally_defined(self, key: str, at) -> bool:
+        return any(defn.kind != "param" for defn in self.ctx.flow.reaching(key, at))
+
+    def reweights(self, expr, loop, bindings, depth) -> bool:
+        """``tok / total_tokens`` or ``mb_tokens`` as a factor: a microbatch mean reweighted by its token share."""
+        if isinstance(expr, cst.BinaryOperation) and isinstance(expr.operator, cst.Divide):
+            # a ratio (`tok / total_tokens`, `len(mb) / minibatch_size`): a deliberate reweighting; only a
+            # division of 1 by the number of microbatches is no reweighting
+            return not self.is_accumulation_count(expr.right)
+        return self.count_locality(expr, loop, bindings, depth) is not None
+
+    def count_locality(self, expr, loop, bindings, depth) -> str | None:
+        """For a token count (``mask.sum()``, ``n_tokens`` assigned from one): "local" when it counts the current
+        microbatch's tokens, "global" when it counts the whole minibatch's, None when ``expr`` is no token count."""
+        ctx = self.ctx
+        if depth < 0:
+            return None
+        expr = self.strip_clamps(expr)
+        if isinstance(expr, cst.Call):
+            method = ctx.method(expr)
+            if method in COUNT_METHODS and not _has_dim(expr) and self.is_mask(S.receiver(expr)):
+                return self.locality(S.receiver(expr), loop, bindings, depth - 1)
+            if ctx.call_name(expr) in ("torch.sum", "torch.count_nonzero") and len(expr.args) == 1 and \
+                    self.is_mask(expr.args[0].value):
+                return self.locality(expr.args[0].value, loop, bindings, depth - 1)
+            if isinstance(expr.func, cst.Name) and expr.func.value in ("sum", "max") and expr.args:
+                if isinstance(expr.args[0].value, (cst.GeneratorExp, cst.ListComp)):
+                    return "global"  # sum(mb.mask.sum() for mb in micro_batches)
+                inner = [self.count_locality(a.value, loop, bindings, depth - 1) for a in expr.args]
+                return "local" if "local" in inner else ("global" if "global" in inner else None)
+            return None
+        if isinstance(expr, cst.Name):
+            if expr.value in bindings and not self._locally_defined(expr.value, expr):
+                value, caller_loop = bindings[expr.value]
+                return self.count_locality(value, caller_loop, {}, depth - 1)
+            for defn in ctx.flow.reaching(expr.value, expr):
+                if defn.kind != "assign" or defn.value is None:
+                    continue
+                inner = self.count_locality(defn.value, loop, bindings, depth - 1)
+                if inner is not None:
+                    return inner
+            return None
+        return None
+
+    def strip_clamps(self, expr: cst.BaseExpression) -> cst.BaseExpression:
+        ctx = self.ctx
+        while True:
+            if isinstance(expr, cst.Call) and ctx.method(expr) in CLAMPS:
+                expr = S.receiver(expr)
+            elif isinstance(expr, cst.Call) and isinstance(expr.func, cst.Name) and expr.func.value in (
+                    "max", "float", "int") and len(expr.args) >= 1 and not isinstance(
+                    expr.args[0].value, (cst.GeneratorExp, cst.ListComp)):
+                expr = expr.args[0].value
+            elif isinstance(expr, cst.BinaryOperation) and isinstance(expr.operator, cst.Add) and isinstance(
+                    expr.right, (cst.Float, cst.Integer, cst.Name)) and not isinstance(expr.left, (cst.Float,
+                                                                                                     cst.Integer)):
+                expr = expr.left
+            else:
+                return expr
+
+    def locality(self, expr, loop, bindings, depth) -> str:
+        """Whether the tensor ``expr`` is the current microbatch's ("local") or the whole minibatch's ("global"):
+        local when it depends on the loop's variable or on names assigned inside the loop. With no loop (a
+        helper, or one pass), a parameter bound to a caller's argument is judged there; anything else is local."""
+        ctx = self.ctx
+        names = _names_in(expr)
+        if loop is None:
+            for name in names:
+                if name in bindings:
+                    value, caller_loop = bindings[name]
+                    if caller_loop is not None:
+                        return self.locality(value, caller_loop, {}, depth - 1)
+            return "local"
+        loop_vars = _names_in(loop.target) if isinstance(loop, cst.For) else set()
+        for name in names:
+            if name in loop_vars:
+                return "local"
+            if depth < 0:
+                continue
+            for defn in ctx.flow.reaching(name, expr):
+                if ctx.contains(loop, defn.stmt) and (
+                        defn.value is None or defn.kind != "assign" or isinstance(self.strip_clamps(defn.value), cst.Call)
+                        or self.locality(defn.value, loop, bindings, depth - 1) == "local"):
+                    return "local"
+        return "global"
 
 
 def _has_dim(call: cst.Call) -> bool:
     return any(a.keyword is None or a.keyword.value in ("dim", "axis") for a in call.args)
-
-
-def _locality(ctx: ModuleContext, expr: cst.BaseExpression, loop: Loop | None, bindings: dict,
-              depth: int) -> str:
-    """Whether the tensor ``expr`` is the current microbatch's ("local") or the whole minibatch's ("global"):
-    local when it depends on the loop's variable or on names assigned inside the loop. With no loop (a
-    helper, or one pass), a parameter bound to a caller's argument is judged there; anything else is local."""
-    names = _names_in(expr)
-    if loop is None:
-        for name in names:
-            if name in bindings:
-                value, caller_loop = bindings[name]
-                if caller_loop is not None:
-                    return _locality(ctx, value, caller_loop, {}, depth - 1)
-        return "local"
-    targets = set(header_words(ctx, loop)) if isinstance(loop, cst.For) else set()
-    loop_vars = {n for n in targets if isinstance(loop, cst.For) and n in _names_in(loop.target)}
-    for name in names:
-        if name in loop_vars:
-            return "local"
-        if depth < 0:
-            continue
-        for a in ctx.reaching_assignments(name, expr):
-            if ctx.contains(loop, a.statement) and (
-                    a.value is None or isinstance(_strip_clamps(a.value), cst.Call)  # next(it), load(mb)
-                    or _locality(ctx, a.value, loop, bindings, depth - 1) == "local"):
-                return "local"
-    return "global"
 
 
 def _names_in(expr: cst.CSTNode) -> set[str]:
