@@ -103,6 +103,11 @@ class Facet(Generic[V]):
         """``c[key]`` / ``c.key`` of a container whose value is known but whose expression has no such entry."""
         return self.unknown
 
+    def defined(self, trace: "Trace", d: Def, value: V) -> V:
+        """The value a name has after definition ``d``, given the value computed for it (a facet may record the
+        statement it passed through)."""
+        return value
+
     def helper(self, trace: "Trace", call: cst.Call, returns: list[V], frame: Frame | None) -> V:
         """The result of a same-module helper call, from the values of its returns (in the helper's frame)."""
         return self.join(returns) if returns else self.unknown
@@ -166,7 +171,7 @@ class Trace(Generic[V]):
             if isinstance(expr, (cst.Attribute, cst.Subscript)):
                 return self.container_entry(expr, frame)
             return self.facet.leaf(self, expr, frame)
-        values = [self.def_value(d, key, expr, frame) for d in defs]
+        values = [self.facet.defined(self, d, self.def_value(d, key, expr, frame)) for d in defs]
         return self.facet.join(values)
 
     def bound(self, binding) -> V:

@@ -7,24 +7,17 @@ from typing import Iterator
 
 import libcst as cst
 
-from rlguard.lint.context import ModuleContext, argument, dotted_name, value_name
+from rlguard.lint.analysis import Analysis, dotted_name
+from rlguard.lint.analysis import semantics as S
+from rlguard.lint.analysis.alignment import (OWNER_NAME, ROOT_IDS, ROOT_LOGITS, ROOT_TOKEN, ROOT_UNKNOWN, Align,
+                                             alignment, gather_site, token_values)
+from rlguard.lint.analysis.grad import call_sites
+from rlguard.lint.analysis.index import key_of
+from rlguard.lint.analysis.roles import names_along
+from rlguard.lint.analysis.values import Frame
 from rlguard.lint.rule import Invalid, Rule, Valid, Violation
-from rlguard.lint.rules._alignment import (ONE, OWNER_NAME, ROOT_IDS, ROOT_LOGITS, ROOT_TOKEN, ROOT_UNKNOWN, Align,
-                                           Env, Tracer, _reaching, apply_slice, bind_params, call_sites,
-                                           gather_site, is_module_function, lin, qualified, time_element)
 
-SKIP_ROLES = ("advantages", "returns", "rewards", "mask", "entropy_coef", "kl_coef")
-VALUE_NAME = re.compile(r"(?i)\w*values?(_pred|_preds|_old)?|vpred|v_pred")
-ELEMENTWISE_METHODS = frozenset({
-    "exp", "clamp", "clip", "float", "double", "to", "detach", "clone", "contiguous", "squeeze", "neg", "abs",
-    "pow", "sub", "add", "mul", "div", "half", "bfloat16", "type_as", "log", "sigmoid", "minimum", "maximum",
-})
-ELEMENTWISE_FUNCTIONS = frozenset({
-    "torch.exp", "torch.clamp", "torch.clip", "torch.min", "torch.max", "torch.minimum", "torch.maximum",
-    "torch.where", "torch.abs", "torch.square", "torch.log",
-})
 PRODUCER_NAME = re.compile(r"(?i)(action|loss|response|resp|completion|policy|token|act)_?masks?")
-
 
 
 class MaskNotShifted(Rule):
@@ -73,8 +66,9 @@ class MaskNotShifted(Rule):
     """
 
     code = "RLG001"
-    triggers = (r"(?s)\A(?=.*mask)(?=.*(?:\[\s*:\s*,|\[\s*\.\.\.\s*,|\.pad\(|roll\())"
-                r"(?=.*(?:log_?probs?|logps?|logprobs?|logits|owner))")
+    on_core = True
+    # a mask, and a time-axis slice, pad or roll somewhere: what any mismatch the rule can prove needs
+    triggers = r"(?s)\A(?=.*mask)(?=.*(?:\[\s*:\s*,|\[\s*\.\.\.\s*,|\.pad\(|roll\(|\[\s*-))"
 
     VALID = [
         Valid("logits = model(ids).logits\n"
@@ -99,12 +93,22 @@ class MaskNotShifted(Rule):
         Valid("state_seq = sequences[:, input_len - 1 : -1]\n"
               "action_mask = state_seq.ne(eos_token_id) & state_seq.ne(pad_token_id)\n",
               "OpenRLHF's state mask: a symbolic window, never flagged"),
-        Valid("values = critic(ids)[:, :-1]\nvf_mask = attention_mask[:, :-1]\n"
-              "vf_loss = ((values - returns) ** 2 * vf_mask).sum()\n", "values at state positions"),
+        Valid("values = critic(ids)[:, :-1]\nvf_mask = attention_mask[:, 1:]\n"
+              "vf_loss = ((values - returns) ** 2 * vf_mask).sum()\n",
+              "value predictions sliced like logits pair with the next token, like log-probs"),
         Valid("logits = self.model(input_ids).logits\n"
               "labels = torch.roll(input_ids, shifts=-1, dims=1)\nlogp = log_probs_from_logits(logits, labels)\n"
               "mask = torch.roll(attention_mask, shifts=-1, dims=1)\nloss = (logp * mask).sum()\n",
               "log-probs and mask rolled together"),
+        Valid("def batch_logps(logits, labels, decoder_only=True):\n"
+              "    if decoder_only:\n"
+              "        labels = labels[:, 1:].clone()\n"
+              "        logits = logits[:, :-1, :]\n"
+              "    keep = labels != -100\n"
+              "    labels = torch.where(labels == -100, 0, labels)\n"
+              "    token_logps = selective_log_softmax(logits, labels)\n"
+              "    return (token_logps * keep).sum(-1)\n",
+              "labels and logits shifted together, the mask built from the shifted labels (the DPO/ORPO idiom)"),
     ]
     # Pinned lines are where the mask is moved (the roll, pad or window to fix) when that is in view.
     INVALID = [
@@ -127,18 +131,21 @@ class MaskNotShifted(Rule):
         Invalid("log_probs = F.pad(token_logp, (1, 0))\nmask = F.pad(attention_mask, (1, 0))\n"
                 "loss = (log_probs * mask).sum()\n", line=2,
                 why="log-probs moved to token positions, an ids-aligned mask moved too"),
+        Invalid("values = critic(ids)[:, :-1]\nvf_mask = attention_mask[:, :-1]\n"
+                "vf_loss = ((values - returns) ** 2 * vf_mask).sum()\n", line=2,
+                why="value predictions pair with the next token: their mask is attention_mask[:, 1:]"),
         Invalid("def aggregate(values, mask):\n    return (values * mask).sum() / mask.sum()\n"
                 "def step(logp, old_logp, adv, owner):\n    ratio = (logp - old_logp).exp()\n"
                 "    return aggregate(-adv * ratio, (owner[:, :-1] == POLICY).float())\n", line=5,
                 why="a helper fed a mask built inline"),
     ]
 
-    def check(self, ctx: ModuleContext) -> Iterator[Violation]:
-        tracer = Tracer(ctx)
+    def check(self, ctx: Analysis) -> Iterator[Violation]:
+        seq = alignment(ctx, "seq")
         producers: set[int] = set()
-        convention = _storage_convention(ctx, tracer)
-        for stmt, target, value in _producers(ctx):
-            m = tracer.trace(value, "seq")
+        convention = _storage_convention(ctx)
+        for stmt, value in _producers(ctx):
+            m = seq.value(value)
             if m is None or not m.moved or m.kind not in (ROOT_IDS, ROOT_TOKEN):
                 continue
             if not (m.s.is_const() and m.e.is_const()):
@@ -158,33 +165,34 @@ class MaskNotShifted(Rule):
             yield Violation(stmt, f"this action mask is [B, T-1] but aligned to ids[:, {_window(m)}], not to "
                                   "ids[:, 1:] like the log-probs; build it from ids[:, 1:] "
                                   "(e.g. owner[:, 1:] == POLICY, attention_mask[:, 1:])")
-        sites = list(_sites(ctx, tracer))
         reported: set[int] = set()
         deferred: dict[int, list] = {}
         statements = {id(n): n for n in ctx.nodes(cst.Assign, cst.AnnAssign, cst.AugAssign)}
-        for node, values, mask in sites:
-            verdict = _judge(ctx, tracer, values, mask, {}, producers)
+        for node, values, mask in _sites(ctx):
+            verdict = _judge(ctx, values, mask, None, producers)
             if verdict is not None:
                 reported.add(id(node))
                 # Report where the mask was moved (the roll, pad or window to fix) when that is in view.
-                moved_at = tracer.trace(mask, "seq", {}).moved_at
+                moved_at = seq.value(mask).moved_at
                 yield Violation(statements.get(moved_at, node), verdict)
-            elif verdict is None:
+            else:
                 func = ctx.enclosing_function(node)
                 if func is not None:
                     deferred.setdefault(id(func), []).append((func, node, values, mask))
         for entries in deferred.values():
             func = entries[0][0]
             for call in call_sites(ctx, func):
-                env = bind_params(func, call, {})
+                frame = seq.enter_frame(func, call, None)
+                if frame is None:
+                    continue
                 for _, node, values, mask in entries:
-                    verdict = _judge(ctx, tracer, values, mask, env, producers)
+                    verdict = _judge(ctx, values, mask, frame, producers)
                     if verdict is not None and id(call) not in reported:
                         reported.add(id(call))
                         yield Violation(call, f"in `{func.name.value}` called here: {verdict}")
 
 
-def _storage_convention(ctx: ModuleContext, tracer: Tracer) -> int | None:
+def _storage_convention(ctx: Analysis) -> int | None:
     """Where the log-probs computed in this module are stored (ids position of slot 0), when that is one
     known constant: from the values of returns and log-prob assignments that gather from logits here."""
     found: set[int] = set()
@@ -193,12 +201,13 @@ def _storage_convention(ctx: ModuleContext, tracer: Tracer) -> int | None:
         name = dotted_name(stmt.targets[0].target) if len(stmt.targets) == 1 else None
         if name and any(ctx.names.is_role(name.rsplit(".", 1)[-1], r) for r in ("logp", "old_logp", "ref_logp")):
             candidates.append(stmt.value)
+    tokens = token_values(ctx)
     for value in candidates:
         if not any(gather_site(ctx, c) for c in _calls_in(value)):
             continue
-        for a, computed in _token_aligns(ctx, tracer, value, {}, 12, set()):
-            if computed and a.s.is_const():
-                found.add(a.s.const)
+        for al, computed in tokens.value(value):
+            if computed and al.s.is_const():
+                found.add(al.s.const)
     return found.pop() if len(found) == 1 else None
 
 
@@ -219,7 +228,7 @@ def _window(a: Align) -> str:
     return f"{start}:{stop}"
 
 
-def _producers(ctx: ModuleContext):
+def _producers(ctx: Analysis):
     """Assignments and returns that build an action mask."""
     for stmt in ctx.nodes(cst.Assign):
         if len(stmt.targets) != 1:
@@ -229,12 +238,12 @@ def _producers(ctx: ModuleContext):
             continue
         bare = name.rsplit(".", 1)[-1]
         if PRODUCER_NAME.fullmatch(bare) or _owner_comparison(stmt.value):
-            yield stmt, name, stmt.value
+            yield stmt, stmt.value
     for ret in ctx.nodes(cst.Return):
         func = ctx.enclosing_function(ret)
         if ret.value is not None and func is not None and "mask" in func.name.value.lower() and not isinstance(
                 ret.value, cst.Name):
-            yield ret, None, ret.value
+            yield ret, ret.value
 
 
 def _owner_comparison(expr: cst.BaseExpression) -> bool:
@@ -244,66 +253,66 @@ def _owner_comparison(expr: cst.BaseExpression) -> bool:
         for side in (expr.left, *(c.comparator for c in expr.comparisons)):
             while isinstance(side, cst.Subscript):
                 side = side.value
-            if isinstance(side, (cst.Name, cst.Attribute)) and OWNER_NAME.fullmatch(value_name(side) or ""):
+            if isinstance(side, (cst.Name, cst.Attribute)) and OWNER_NAME.fullmatch(
+                    (dotted_name(side) or "").rsplit(".", 1)[-1]):
                 return True
     return False
 
 
-def _is_mask(ctx: ModuleContext, tracer: Tracer, expr: cst.BaseExpression) -> bool:
+def _is_mask(ctx: Analysis, expr: cst.BaseExpression) -> bool:
     inner = expr
     while isinstance(inner, cst.UnaryOperation):
         inner = inner.expression
     if _owner_comparison(inner):
         return True
-    if any(ctx.names.is_role(n, "mask") for n in ctx.role_names(inner)[:4]):
+    if any(ctx.names.is_role(n, "mask") for n in names_along(ctx, inner)[:4]):
         return True
-    traced = tracer.trace(inner, "seq")
+    traced = alignment(ctx, "seq").value(inner)
     return traced is not None and ctx.names.is_role(traced.name, "mask")
 
 
-def _sites(ctx: ModuleContext, tracer: Tracer):
+def _sites(ctx: Analysis):
     """(node, per-token values, mask) where a mask selects per-token values."""
     for op in ctx.nodes(cst.BinaryOperation):
         if not isinstance(op.operator, cst.Multiply):
             continue
-        left, right = _is_mask(ctx, tracer, op.left), _is_mask(ctx, tracer, op.right)
+        left, right = _is_mask(ctx, op.left), _is_mask(ctx, op.right)
         if left != right:
             yield (op, op.left, op.right) if right else (op, op.right, op.left)
     for call in ctx.nodes(cst.Call):
         func = call.func
-        name = func.attr.value if isinstance(func, cst.Attribute) else (
-            func.value if isinstance(func, cst.Name) else None)
+        name = S.called_name(call)
         if name is None:
             continue
         if "masked" in name.lower() and name not in ("masked_fill", "masked_select", "masked_scatter") \
                 and len(call.args) >= 2:
-            values, mask = argument(call, 0, None), argument(call, 1, "mask")
-            if values is not None and mask is not None and _is_mask(ctx, tracer, mask):
+            values, mask = S.argument(call, 0, None), S.argument(call, 1, "mask")
+            if values is not None and mask is not None and _is_mask(ctx, mask):
                 yield call, values, mask
         elif name in ("masked_fill", "masked_select") and isinstance(func, cst.Attribute) and call.args:
             mask = call.args[0].value
-            if _is_mask(ctx, tracer, mask):
+            if _is_mask(ctx, mask):
                 yield call, func.value, mask
-        elif qualified(ctx, call) == "torch.where" and len(call.args) >= 2 and _is_mask(ctx, tracer, call.args[0].value):
+        elif ctx.call_name(call) == "torch.where" and len(call.args) >= 2 and _is_mask(ctx, call.args[0].value):
             yield call, call.args[1].value, call.args[0].value
 
 
-def _judge(ctx, tracer: Tracer, values, mask, env: Env, producers: set[int]) -> str | None:
-    m = tracer.trace(mask, "seq", env)
+def _judge(ctx: Analysis, values, mask, frame: Frame | None, producers: set[int]) -> str | None:
+    m = alignment(ctx, "seq").value(mask, frame)
     if m is None or m.kind == ROOT_LOGITS or (m.kind == ROOT_UNKNOWN and not m.moved):
         return None
     if any(v in producers for v in m.via):
         return None  # already reported where the mask is built
-    aligns = _token_aligns(ctx, tracer, values, env, 24, set())
+    aligns = token_values(ctx).value(values, frame)
     if not aligns:
         return None
     if not m.moved and not any(computed for _, computed in aligns):
         return None
     diffs = set()
-    for a, _ in aligns:
-        d = m.s - a.s
+    for al, _ in aligns:
+        d = m.s - al.s
         if not d.is_const():
-            d = m.e - a.e
+            d = m.e - al.e
             if not d.is_const():
                 return None
         diffs.add(d.const)
@@ -313,102 +322,3 @@ def _judge(ctx, tracer: Tracer, values, mask, env: Env, producers: set[int]) -> 
     return (f"the mask is {abs(k)} position{'s' if abs(k) != 1 else ''} {'left' if k < 0 else 'right'} of the "
             "per-token values it selects (log-probs of ids[:, 1:] sit at logits[:, :-1]'s positions); "
             "align the mask to ids[:, 1:] (e.g. attention_mask[:, 1:], owner[:, 1:] == POLICY)")
-
-
-def _token_aligns(ctx: ModuleContext, tracer: Tracer, expr, env: Env, depth: int, seen: set) -> list[tuple[Align, bool]]:
-    """Where the per-token log-prob values inside ``expr`` are stored: (alignment, computed here?) pairs."""
-    if depth < 0 or expr is None or (id(expr), id(env)) in seen:
-        return []
-    seen.add((id(expr), id(env)))
-    rec = lambda e, en=env: _token_aligns(ctx, tracer, e, en, depth - 1, seen)  # noqa: E731
-    if isinstance(expr, (cst.Name, cst.Attribute)):
-        name = value_name(expr)
-        key = dotted_name(expr)
-        if isinstance(expr, cst.Name) and key in env and not _reaching(ctx, key, expr):
-            arg, caller_env = env[key]
-            return rec(arg, caller_env)
-        if name is None or any(ctx.names.is_role(name, r) for r in SKIP_ROLES) or VALUE_NAME.fullmatch(name):
-            return []
-        if isinstance(expr, cst.Attribute) and (key is None or not key.startswith("self.") or key.count(".") > 1):
-            return _assumed(ctx, tracer, expr, name, env)
-        assigns = _reaching(ctx, key, expr)
-        if not assigns:
-            if isinstance(expr, cst.Name) and key in env:
-                arg, caller_env = env[key]
-                return rec(arg, caller_env)
-            return _assumed(ctx, tracer, expr, name, env)
-        out = []
-        for a in assigns:
-            if a.value is not None and a.unpacked is None:
-                out += rec(a.value)
-        return out or _assumed(ctx, tracer, expr, name, env)
-    if isinstance(expr, cst.Subscript):
-        kind, el = time_element(expr, "seq")
-        if kind == "key":
-            return _assumed(ctx, tracer, expr, value_name(expr), env)
-        if kind == "index":
-            return []
-        inner = rec(expr.value)
-        if kind == "none":
-            return inner
-        out = []
-        for a, computed in inner:
-            moved = apply_slice(a, el, ctx.module)
-            if moved is not None:
-                out.append((moved, computed))
-        return out
-    if isinstance(expr, cst.BinaryOperation):
-        return rec(expr.left) + rec(expr.right)
-    if isinstance(expr, cst.UnaryOperation):
-        return rec(expr.expression)
-    if isinstance(expr, cst.Call):
-        site = gather_site(ctx, expr)
-        if site is not None:
-            labels = tracer.trace(site.labels, "seq", env)
-            if labels is not None and labels.kind == ROOT_IDS:
-                return [(labels, True)]
-            logits = tracer.trace(site.logits, "logits", env)
-            if logits is not None and (logits.model or logits.moved):
-                return [(logits.shift(ONE, ONE), True)]
-            return []
-        func = expr.func
-        qname = qualified(ctx, expr)
-        if qname == "torch.nn.functional.pad" and expr.args:
-            pad = argument(expr, 1, "pad")
-            inner = rec(expr.args[0].value)
-            if isinstance(pad, (cst.Tuple, cst.List)) and len(pad.elements) >= 2:
-                left, right = lin(pad.elements[0].value, ctx.module), lin(pad.elements[1].value, ctx.module)
-                if left is not None and right is not None:
-                    return [(a.shift(-left, right), c) for a, c in inner]
-            return []
-        if qname == "torch.roll" or (isinstance(func, cst.Attribute) and func.attr.value == "roll"
-                                     and not is_module_function(ctx, expr)):
-            return []
-        if qname in ELEMENTWISE_FUNCTIONS:
-            return [x for arg in expr.args for x in rec(arg.value)]
-        if isinstance(func, cst.Attribute) and dotted_name(func) == f"self.{func.attr.value}":
-            return [x for ret, new_env in tracer.helper_returns(expr, env) for x in rec(ret, new_env)]
-        if isinstance(func, cst.Attribute) and not is_module_function(ctx, expr):
-            if func.attr.value in ELEMENTWISE_METHODS:
-                if func.attr.value == "squeeze" and expr.args and not _last_dim(expr.args[0].value):
-                    return []
-                return rec(func.value)
-            return []
-        if isinstance(func, cst.Name):
-            return [x for ret, new_env in tracer.helper_returns(expr, env) for x in rec(ret, new_env)]
-    return []
-
-
-def _last_dim(expr) -> bool:
-    return isinstance(expr, cst.UnaryOperation) and isinstance(expr.expression, cst.Integer) \
-        and expr.expression.value == "1"
-
-
-def _assumed(ctx, tracer: Tracer, expr, name, env) -> list[tuple[Align, bool]]:
-    """A log-prob tensor read from elsewhere: by the catalog's convention [B, T-1], aligned to ids[:, 1:]."""
-    if name and any(ctx.names.is_role(name, r) for r in ("logp", "old_logp", "ref_logp")) and "logit" not in name:
-        root = tracer._root(expr, name, env)
-        if root is not None and root.kind == ROOT_TOKEN:
-            return [(root, False)]
-    return []
-

@@ -6,10 +6,11 @@ from typing import Iterator
 
 import libcst as cst
 
-from rlguard.lint.context import ModuleContext
+from rlguard.lint.analysis import Analysis
+from rlguard.lint.analysis.alignment import ROOT_IDS, ROOT_LOGITS, GatherSite, alignment, gather_sites
+from rlguard.lint.analysis.grad import call_sites
+from rlguard.lint.analysis.values import Frame
 from rlguard.lint.rule import Invalid, Rule, Valid, Violation
-from rlguard.lint.rules._alignment import (ROOT_IDS, ROOT_LOGITS, Env, GatherSite, Tracer, bind_params, call_sites,
-                                           gather_sites)
 
 
 class LogitsLabelShift(Rule):
@@ -59,6 +60,7 @@ class LogitsLabelShift(Rule):
     """
 
     code = "RLG012"
+    on_core = True
     triggers = (r"(?s)\A(?=.*logits)(?=.*(?:\.gather\(|cross_entropy|nll_loss|\.log_prob\(|take_along_dim"
                 r"|CrossEntropyLoss|NLLLoss|log_?probs?_(?:from|of)_|selective_log_softmax|logps?_from))")
 
@@ -125,12 +127,11 @@ class LogitsLabelShift(Rule):
                 why="loss object, both drop the last position"),
     ]
 
-    def check(self, ctx: ModuleContext) -> Iterator[Violation]:
-        tracer = Tracer(ctx)
+    def check(self, ctx: Analysis) -> Iterator[Violation]:
         reported: set[int] = set()
-        sites = list(gather_sites(ctx))
+        sites = gather_sites(ctx)
         for site in sites:
-            message = _judge(tracer, site, {})
+            message = _judge(ctx, site, None)
             if message is not None and id(site.node) not in reported:
                 reported.add(id(site.node))
                 yield Violation(site.node, message)
@@ -140,22 +141,25 @@ class LogitsLabelShift(Rule):
             func = ctx.enclosing_function(site.node)
             if func is not None and id(site.node) not in reported:
                 by_function.setdefault(id(func), []).append(site)
+        logits = alignment(ctx, "logits")
         for func_sites in by_function.values():
             func = ctx.enclosing_function(func_sites[0].node)
             for call in call_sites(ctx, func):
-                env = bind_params(func, call, {})
+                frame = logits.enter_frame(func, call, None)
+                if frame is None:
+                    continue
                 for site in func_sites:
-                    message = _judge(tracer, site, env)
+                    message = _judge(ctx, site, frame)
                     if message is not None and id(call) not in reported:
                         reported.add(id(call))
                         yield Violation(call, f"in `{func.name.value}` called here: {message}")
 
 
-def _judge(tracer: Tracer, site: GatherSite, env: Env) -> str | None:
-    logits = tracer.trace(site.logits, "logits", env)
+def _judge(ctx: Analysis, site: GatherSite, frame: Frame | None) -> str | None:
+    logits = alignment(ctx, "logits").value(site.logits, frame)
     if logits is None or not (logits.model or logits.kind == ROOT_LOGITS):
         return None
-    labels = tracer.trace(site.labels, "seq", env)
+    labels = alignment(ctx, "seq").value(site.labels, frame)
     if labels is None or labels.kind != ROOT_IDS:
         return None
     same_sequence = logits.model and logits.root == labels.root
@@ -174,4 +178,4 @@ def _judge(tracer: Tracer, site: GatherSite, env: Env) -> str | None:
         what = "the labels are the tokens at the logits' own positions (logits[:, t] against ids[:, t])"
     else:
         what = f"the labels are {k:+d} positions from the logits' own positions (the next token is +1)"
-    return (f"{what}; logits[:, t] predicts ids[:, t+1]: gather logits[:, :-1] against ids[:, 1:]")
+    return f"{what}; logits[:, t] predicts ids[:, t+1]: gather logits[:, :-1] against ids[:, 1:]"
