@@ -17,7 +17,6 @@ from rlguard.catalog import CODES
 from rlguard.lint import prescan
 from rlguard.lint.analysis import Analysis
 from rlguard.lint.analysis.summaries import Project, summarise_module
-from rlguard.lint.context import ModuleContext
 from rlguard.lint.names import Vocabulary
 from rlguard.lint.rule import Finding, Rule, Violation, all_rules
 
@@ -130,13 +129,10 @@ def lint_source(source: str, path: str = "<string>", rules: Iterable[type[Rule]]
         return result
 
     ctx = Analysis(module, path, vocabulary, project=project, module_name=module_name)
-    legacy = None
     violations: list[tuple[type[Rule], Violation]] = []
     for rule in candidates:
         try:
-            if not getattr(rule, "on_core", False) and legacy is None:
-                legacy = ModuleContext(module, path, vocabulary)
-            found = list(rule().check(ctx if getattr(rule, "on_core", False) else legacy))
+            found = list(rule().check(ctx))
         except Exception as exc:  # a bug in a rule must not stop the other rules nor the other files
             result.errors.append(internal_error(path, rule.code, exc))
             continue

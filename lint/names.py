@@ -1,7 +1,8 @@
 """The names RL code gives its tensors and objects, by role.
 
-Rules recognise a value by its role (old log-probs, reference model, action mask, ...) from the name it is
-bound to, after following aliases (see :mod:`rlguard.lint.context`). Each role is a set of exact names in the
+These names are *hints*: the analysis core (:mod:`rlguard.lint.analysis`) decides a value's role from how it is
+computed and used, and a name only corroborates that, or stands in for a value whose computation is out of view
+(a batch field, a parameter). Each role is a set of exact names in the
 spellings of open RL code (TRL, OpenRLHF, verl, trlx) plus a pattern for the obvious variants; users extend
 the exact names through ``[tool.rlguard.names]`` in ``pyproject.toml``.
 """

@@ -1,6 +1,6 @@
 """What a lint rule is: one small class per catalog code, registered by its code, carrying its own examples.
 
-A rule looks at one parsed module through a :class:`~rlguard.lint.context.ModuleContext` and yields
+A rule looks at one parsed module through the analysis core (:class:`~rlguard.lint.analysis.Analysis`) and yields
 :class:`Violation` objects (a node, a message, optionally a safe replacement for ``--fix``). The engine turns
 them into :class:`Finding` records with positions. ``VALID``/``INVALID`` examples on each rule are run by the
 tests, as Fixit does: code the rule must not flag, and code it must flag.
@@ -17,7 +17,7 @@ import libcst as cst
 from rlguard.catalog import CODES
 
 if TYPE_CHECKING:
-    from rlguard.lint.context import ModuleContext
+    from rlguard.lint.analysis import Analysis
 
 SEVERITIES = ("error", "warning", "info")
 
@@ -107,7 +107,7 @@ class Rule:
     def may_fire(cls, source: str) -> bool:
         return cls._trigger_re.search(source) is not None
 
-    def check(self, ctx: "ModuleContext") -> Iterator[Violation]:
+    def check(self, ctx: "Analysis") -> Iterator[Violation]:
         raise NotImplementedError
 
 

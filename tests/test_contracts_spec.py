@@ -144,7 +144,7 @@ def test_optional_default_kwonly_positional_only_and_methods():
         def loss(self, logp: LogProbs, /, mask: Optional[ActionMask] = None, *,
                  advantages: Annotated[Advantages, NoGrad()], scale: float = 1.0) -> Loss:
             m = mask if mask is not None else torch.ones_like(logp)
-            return scale * (logp * m * advantages[:, None]).sum()
+            return -scale * (logp * m * advantages[:, None]).sum()  # REINFORCE: minimise -logp * A
 
         @staticmethod
         @contract

@@ -46,6 +46,8 @@ class Flow:
     # ----- the query --------------------------------------------------------------------------------------
     def reaching(self, key: str, at: cst.CSTNode) -> list[Def]:
         """The definitions of ``key`` that may reach the point ``at`` (an expression or a statement)."""
+        if not key:
+            return []
         index = self.index
         comp = self._comprehension_def(key, at)
         if comp is not None:

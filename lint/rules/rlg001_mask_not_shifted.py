@@ -66,7 +66,6 @@ class MaskNotShifted(Rule):
     """
 
     code = "RLG001"
-    on_core = True
     # a mask, and a time-axis slice, pad or roll somewhere: what any mismatch the rule can prove needs
     triggers = r"(?s)\A(?=.*mask)(?=.*(?:\[\s*:\s*,|\[\s*\.\.\.\s*,|\.pad\(|roll\(|\[\s*-))"
 

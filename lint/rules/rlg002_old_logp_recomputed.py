@@ -67,7 +67,6 @@ class OldLogpRecomputed(Rule):
     """
 
     code = "RLG002"
-    on_core = True
     triggers = (r"(?i)(old|behaviou?r|rollout|sampl\w*|mu)_?(per_token_)?log_?p|"
                 r"\.exp\(\)|torch\.exp\(")
 

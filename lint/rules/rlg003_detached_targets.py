@@ -61,7 +61,6 @@ class DetachedTargets(Rule):
     """
 
     code = "RLG003"
-    on_core = True
     triggers = (r"(?i)(old|ref|reference|behaviou?r|base|init|rollout|sampl\w*|mu)_?(per_token_)?log_?p|"
                 r"advantage|\badvs?\b|\breturns\s*[=,)]|\bvalue_targets\b|"
                 r"\b(ref|reference|initial|init|frozen)_(model|policy|actor)\b|\bref_?policy\b")

@@ -47,7 +47,6 @@ class EntropyBonusSign(Rule):
     """
 
     code = "RLG004"
-    on_core = True
     triggers = r"(?i)entrop|\bent\b"
     fixable = True
 

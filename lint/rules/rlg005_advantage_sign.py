@@ -74,7 +74,6 @@ class AdvantageSign(Rule):
     """
 
     code = "RLG005"
-    on_core = True
     # every branch starts with a literal (Python's re scans those fast); the rule checks the roles itself
     triggers = (r"advantage|Advantage|adv(?:s\b|_|\b)|\*\s*-?\s*(?:A|returns?|rewards?)\b"
                 r"|(?:returns?|rewards?)\s*\*\s*\w*(?:ratio|log_?prob|logp)|A\s*\*\s*\w*(?:ratio|log_?prob|logp)")

@@ -84,7 +84,6 @@ class AccumulationScale(Rule):
     """
 
     code = "RLG006"
-    on_core = True
     # both a backward and some accumulation vocabulary (lookaheads at the start: one linear scan each)
     triggers = (r"(?is)\A(?=.*?\.backward\s*\()"
                 r"(?=.*?(accum|micro|\.chunk\(|\.split\(|\bmbs?\b|\bparts\b|\bn_chunks\b))")

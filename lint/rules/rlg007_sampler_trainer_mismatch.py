@@ -7,9 +7,13 @@ from typing import Iterator
 
 import libcst as cst
 
-from rlguard.lint.context import ModuleContext, argument, dotted_name
+from rlguard.lint.analysis import Analysis, dotted_name
+from rlguard.lint.analysis.alignment import gather_site
+from rlguard.lint.analysis.grad import grad_context
+from rlguard.lint.analysis.provenance import models
+from rlguard.lint.analysis.semantics import argument
 from rlguard.lint.rule import Invalid, Rule, Valid, Violation
-from rlguard.lint.rules._alignment import _reaching, gather_site, is_model_call, is_module_function, qualified
+
 
 TEMPERATURE_KEYWORDS = ("temperature", "temp", "sampling_temperature", "tau")
 SAMPLER_CALL = re.compile(r"(?i)\w*(generate|sample|rollout|collect|decode)\w*|SamplingParams|GenerationConfig")
@@ -140,7 +144,7 @@ class SamplerTrainerMismatch(Rule):
                 line=7, why="sampling function divides by 0.7, trainer does not"),
     ]
 
-    def check(self, ctx: ModuleContext) -> Iterator[Violation]:
+    def check(self, ctx: Analysis) -> Iterator[Violation]:
         samplers = _sampler_functions(ctx)
         sampler_temps = list(_sampler_temperatures(ctx, samplers))
         # a training rollout that hard-codes its temperature, bypassing the config
@@ -182,10 +186,10 @@ class SamplerTrainerMismatch(Rule):
                     break
 
 
-def _line(ctx: ModuleContext, node: cst.CSTNode) -> str:
+def _line(ctx: Analysis, node: cst.CSTNode) -> str:
     # positions are not computed for rules; count the newlines of the code before the node instead
     code = ctx.module.code
-    snippet = ctx.module.code_for_node(node)
+    snippet = ctx.code(node)
     index = code.find(snippet)
     return str(code.count("\n", 0, index) + 1) if index >= 0 else "?"
 
@@ -197,10 +201,10 @@ def _callee_name(call: cst.Call) -> str | None:
     return func.value if isinstance(func, cst.Name) else None
 
 
-def _sampler_functions(ctx: ModuleContext) -> set[int]:
+def _sampler_functions(ctx: Analysis) -> set[int]:
     found = set()
     for call in ctx.nodes(cst.Call):
-        name = qualified(ctx, call) or ""
+        name = ctx.call_name(call) or ""
         callee = _callee_name(call) or ""
         if name in SAMPLING_OPS or callee == "multinomial":
             func = ctx.enclosing_function(call)
@@ -209,7 +213,7 @@ def _sampler_functions(ctx: ModuleContext) -> set[int]:
     return found
 
 
-def _is_eval(ctx: ModuleContext, call: cst.Call) -> bool:
+def _is_eval(ctx: Analysis, call: cst.Call) -> bool:
     func = ctx.enclosing_function(call)
     if func is not None and EVAL_NAME.fullmatch(func.name.value):
         return True
@@ -223,13 +227,13 @@ def _is_eval(ctx: ModuleContext, call: cst.Call) -> bool:
     return False
 
 
-def _sampler_temperatures(ctx: ModuleContext, samplers: set[int]):
+def _sampler_temperatures(ctx: Analysis, samplers: set[int]):
     """(call or division, temperature expression, value or None) for each sampler temperature in view."""
     for call in ctx.nodes(cst.Call):
         callee = _callee_name(call)
         if callee is None:
             continue
-        defs = ctx.functions.get(callee, []) if isinstance(call.func, cst.Name) else []
+        defs = ctx.index.functions.get(callee, []) if isinstance(call.func, cst.Name) else []
         in_module_sampler = len(defs) == 1 and id(defs[0]) in samplers
         if not (SAMPLER_CALL.fullmatch(callee) or in_module_sampler) or _is_eval(ctx, call):
             continue
@@ -254,13 +258,13 @@ def _sampler_temperatures(ctx: ModuleContext, samplers: set[int]):
             yield op, op.right, value
 
 
-def _is_logits(ctx: ModuleContext, expr: cst.BaseExpression, depth: int = 6) -> bool:
+def _is_logits(ctx: Analysis, expr: cst.BaseExpression, depth: int = 6) -> bool:
     while depth > 0:
         depth -= 1
         if isinstance(expr, cst.Subscript):
             expr = expr.value
         elif isinstance(expr, cst.Call):
-            if is_model_call(ctx, expr):
+            if _is_model_call(ctx, expr):
                 return True
             return False
         elif isinstance(expr, (cst.Name, cst.Attribute)):
@@ -270,7 +274,7 @@ def _is_logits(ctx: ModuleContext, expr: cst.BaseExpression, depth: int = 6) -> 
             if isinstance(expr, cst.Attribute) and not name.startswith("self."):
                 expr = expr.value
                 continue
-            assigns = _reaching(ctx, name, expr) if name else []
+            assigns = _plain_reaching(ctx, name, expr) if name else []
             if len(assigns) != 1 or assigns[0].value is None:
                 return False
             expr = assigns[0].value
@@ -279,7 +283,7 @@ def _is_logits(ctx: ModuleContext, expr: cst.BaseExpression, depth: int = 6) -> 
     return False
 
 
-def _resolve(ctx: ModuleContext, expr: cst.BaseExpression, depth: int = 6) -> float | None:
+def _resolve(ctx: Analysis, expr: cst.BaseExpression, depth: int = 6) -> float | None:
     """The numeric value of a temperature: a literal, or a name bound to one (in the function, the module,
     a ``self.`` attribute, or a class-level default of a config class)."""
     if depth < 0 or expr is None:
@@ -293,8 +297,8 @@ def _resolve(ctx: ModuleContext, expr: cst.BaseExpression, depth: int = 6) -> fl
     if key is None:
         return None
     if isinstance(expr, cst.Name) or key.startswith("self.") and key.count(".") == 1:
-        assigns = [a for a in ctx.assignments_to(key, expr) if a.op is None]
-        values = {_resolve(ctx, a.value, depth - 1) if a.value is not None and a.unpacked is None else None
+        assigns = [a for a in _all_assignments(ctx, key, expr) if a.kind == "assign"]
+        values = {_resolve(ctx, a.value, depth - 1) if a.value is not None and a.element is None else None
                   for a in assigns}
         if len(values) == 1:
             return values.pop()
@@ -306,7 +310,7 @@ def _resolve(ctx: ModuleContext, expr: cst.BaseExpression, depth: int = 6) -> fl
     return None
 
 
-def _class_default(ctx: ModuleContext, attr: str) -> float | None:
+def _class_default(ctx: Analysis, attr: str) -> float | None:
     values = set()
     for cls in ctx.nodes(cst.ClassDef):
         for stmt in cls.body.body:
@@ -327,16 +331,16 @@ def _class_default(ctx: ModuleContext, attr: str) -> float | None:
     return values.pop() if len(values) == 1 else None
 
 
-def _hard_coded(ctx: ModuleContext, expr: cst.BaseExpression) -> bool:
+def _hard_coded(ctx: Analysis, expr: cst.BaseExpression) -> bool:
     if isinstance(expr, (cst.Float, cst.Integer)):
         return True
     if isinstance(expr, cst.Name):
-        assigns = ctx.assignments_to(expr.value, expr)
-        return bool(assigns) and all(ctx.enclosing_function(a.statement) is None for a in assigns)
+        assigns = _all_assignments(ctx, expr.value, expr)
+        return bool(assigns) and all(ctx.enclosing_function(a.stmt) is None for a in assigns)
     return False
 
 
-def _config_objects(ctx: ModuleContext, call: cst.Call) -> list[str]:
+def _config_objects(ctx: Analysis, call: cst.Call) -> list[str]:
     found = []
     for arg in call.args:
         value = arg.value
@@ -347,7 +351,7 @@ def _config_objects(ctx: ModuleContext, call: cst.Call) -> list[str]:
     return found
 
 
-def _reads_temperature(ctx: ModuleContext, config: str) -> bool:
+def _reads_temperature(ctx: Analysis, config: str) -> bool:
     for attr in ctx.nodes(cst.Attribute):
         if attr.attr.value in TEMPERATURE_KEYWORDS or "temp" in attr.attr.value.lower():
             if dotted_name(attr.value) == config:
@@ -355,7 +359,7 @@ def _reads_temperature(ctx: ModuleContext, config: str) -> bool:
     return False
 
 
-def _old_logp_from_sampler(ctx: ModuleContext) -> bool:
+def _old_logp_from_sampler(ctx: Analysis) -> bool:
     """An old-logp value is read in this module and never recomputed from the model here."""
     seen = False
     for node in ctx.nodes(cst.Name):
@@ -374,21 +378,20 @@ def _old_logp_from_sampler(ctx: ModuleContext) -> bool:
         for target in stmt.targets:
             name = dotted_name(target.target)
             if isinstance(target.target, cst.Subscript):
-                from rlguard.lint.context import value_name
-                name = value_name(target.target)
+                name = _key_name(target.target)
             if name and ctx.names.is_role(name.rsplit(".", 1)[-1], "old_logp") and RECOMPUTE.search(
-                    ctx.module.code_for_node(stmt.value)):
+                    ctx.code(stmt.value)):
                 return False
     return True
 
 
-def _trainer_sites(ctx: ModuleContext, samplers: set[int]):
+def _trainer_sites(ctx: Analysis, samplers: set[int]):
     """(site, divisor or None) for each log-prob computation of the trainer whose logits come from a model."""
     for call in ctx.nodes(cst.Call):
         func = ctx.enclosing_function(call)
         if func is not None and (id(func) in samplers or EVAL_NAME.fullmatch(func.name.value)):
             continue
-        if ctx.is_grad_disabled(call):
+        if grad_context(ctx).enabled(call) is False:
             continue
         site = gather_site(ctx, call)
         logits = site.logits if site is not None else None
@@ -396,7 +399,7 @@ def _trainer_sites(ctx: ModuleContext, samplers: set[int]):
             callee = _callee_name(call) or ""
             if LOGP_CALL.fullmatch(callee) and call.args and not isinstance(call.func, cst.Name) \
                     or (isinstance(call.func, cst.Name) and LOGP_CALL.fullmatch(callee)
-                        and len(ctx.functions.get(callee, [])) != 1):
+                        and len(ctx.index.functions.get(callee, [])) != 1):
                 logits = call.args[0].value if call.args else None
         if logits is None:
             continue
@@ -405,7 +408,7 @@ def _trainer_sites(ctx: ModuleContext, samplers: set[int]):
             yield call, divisor
 
 
-def _divisor(ctx: ModuleContext, expr: cst.BaseExpression, site: cst.CSTNode, depth: int = 10):
+def _divisor(ctx: Analysis, expr: cst.BaseExpression, site: cst.CSTNode, depth: int = 10):
     """Follow logits back to the model call: (reached a model call?, the temperature it was divided by)."""
     divisor = None
     while depth > 0 and expr is not None:
@@ -416,17 +419,17 @@ def _divisor(ctx: ModuleContext, expr: cst.BaseExpression, site: cst.CSTNode, de
         elif isinstance(expr, cst.Subscript):
             expr = expr.value
         elif isinstance(expr, cst.Call):
-            if is_model_call(ctx, expr):
+            if _is_model_call(ctx, expr):
                 return True, divisor
             func = expr.func
-            if isinstance(func, cst.Attribute) and not is_module_function(ctx, expr):
+            if isinstance(func, cst.Attribute) and not ctx.is_module_function(expr):
                 if func.attr.value in ("div", "div_") and expr.args:
                     divisor = divisor or expr.args[0].value
                 elif func.attr.value not in ("log_softmax", "float", "to", "contiguous", "softmax", "detach",
                                              "squeeze", "clone"):
                     return False, None
                 expr = func.value
-            elif qualified(ctx, expr) in ("torch.log_softmax", "torch.nn.functional.log_softmax") and expr.args:
+            elif ctx.call_name(expr) in ("torch.log_softmax", "torch.nn.functional.log_softmax") and expr.args:
                 expr = expr.args[0].value
             else:
                 return False, None
@@ -435,21 +438,53 @@ def _divisor(ctx: ModuleContext, expr: cst.BaseExpression, site: cst.CSTNode, de
             if isinstance(expr, cst.Attribute) and (name is None or not name.startswith("self.")):
                 expr = expr.value
                 continue
-            assigns = ctx.assignments_to(name, expr) if name else []
+            assigns = _all_assignments(ctx, name, expr) if name else []
             for a in assigns:  # logits /= t or logits.div_(t) before the site
-                if a.op is not None and isinstance(a.op, cst.DivideAssign) and a.value is None:
-                    stmt = a.statement
-                    if isinstance(stmt, cst.AugAssign):
-                        divisor = divisor or stmt.value
+                if a.kind == "aug" and isinstance(a.op, cst.DivideAssign) and isinstance(a.stmt, cst.AugAssign):
+                    divisor = divisor or a.stmt.value
             for call in ctx.nodes(cst.Call):
                 f = call.func
                 if isinstance(f, cst.Attribute) and f.attr.value == "div_" and dotted_name(f.value) == name \
-                        and call.args and ctx.scope_of(call) is ctx.scope_of(expr):
+                        and call.args and ctx.index.function_scope(call) is ctx.index.function_scope(expr):
                     divisor = divisor or call.args[0].value
-            plain = [a for a in _reaching(ctx, name, expr)] if name else []
+            plain = [a for a in _plain_reaching(ctx, name, expr)] if name else []
             if len(plain) != 1 or plain[0].value is None:
                 return False, None
             expr = plain[0].value
         else:
             return False, None
     return False, None
+
+
+def _is_model_call(ctx: Analysis, call: cst.Call) -> bool:
+    func = call.func
+    if isinstance(func, cst.Attribute) and func.attr.value in ("forward", "__call__"):
+        func = func.value
+    return isinstance(func, (cst.Name, cst.Attribute)) and models(ctx).model(func) is not None
+
+
+def _plain_reaching(ctx: Analysis, key: str, at: cst.CSTNode):
+    """The plain assignments of ``key`` that reach ``at`` (augmented ones keep the layout and are looked through)."""
+    return [d for d in ctx.flow.reaching(key, at) if d.kind == "assign"]
+
+
+def _all_assignments(ctx: Analysis, key: str, at: cst.CSTNode):
+    """Every binding of ``key`` visible from ``at``: in its function, the class's methods for ``self.x``, the
+    module for a name the function does not bind."""
+    if key.startswith("self."):
+        cls = ctx.enclosing_class(at)
+        return list(ctx.index.class_defs.get(id(cls), {}).get(key, [])) if cls is not None else []
+    scope = ctx.index.function_scope(at)
+    found = [d for d in scope.defs.get(key, []) if d.kind != "param"]
+    if not found and key not in scope.params:
+        found = [d for d in ctx.index.scopes[id(ctx.module)].defs.get(key, []) if d.kind != "param"]
+    return found
+
+
+def _key_name(expr: cst.BaseExpression) -> str | None:
+    from rlguard.lint.analysis.index import key_of
+
+    key = key_of(expr)
+    if key is None:
+        return None
+    return key[key.rindex("['") + 2:-2] if key.endswith("']") else key

@@ -67,7 +67,6 @@ class ReferenceAlias(Rule):
     """
 
     code = "RLG008"
-    on_core = True
     # every branch starts with a literal (fast to scan): a reference-model name, or a bare `ref = <policy-ish>`
     triggers = (r"ref(?:erence)?(?:_?(?:model|policy|net|module|actor|lm)\b|\s*=\s*[^=\n]*(?:model|policy|actor|"
                 r"copy\(|net\b|agent)|\.(?:named_)?parameters\(|\.load_state_dict)|frozen_(?:model|policy)"

@@ -73,7 +73,6 @@ class GroupBaseline(Rule):
     """
 
     code = "RLG009"
-    on_core = True
     triggers = r"reward|scores\b|advantage|adv(?:s\b|_|\b)|num_generations|group_size"
 
     VALID = [

@@ -63,7 +63,6 @@ class LengthBias(Rule):
     """
 
     code = "RLG010"
-    on_core = True
     severity = "info"
     triggers = (r"mask\w*\s*\)?\s*\.sum\(\s*(?:dim\s*=\s*|axis\s*=\s*)?-?1\b|masked_mean\("
                 r"|torch\.sum\(\s*\w*mask")

@@ -70,7 +70,6 @@ class KlSign(Rule):
     """
 
     code = "RLG011"
-    on_core = True
     triggers = r"kl(?:_|\b)|_kl|ref_?log|ref_per_token|reference_log"
     fixable = True
 

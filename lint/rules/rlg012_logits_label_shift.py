@@ -60,7 +60,6 @@ class LogitsLabelShift(Rule):
     """
 
     code = "RLG012"
-    on_core = True
     triggers = (r"(?s)\A(?=.*logits)(?=.*(?:\.gather\(|cross_entropy|nll_loss|\.log_prob\(|take_along_dim"
                 r"|CrossEntropyLoss|NLLLoss|log_?probs?_(?:from|of)_|selective_log_softmax|logps?_from))")
 

@@ -61,7 +61,6 @@ class GradNotZeroed(Rule):
     """
 
     code = "RLG013"
-    on_core = True
     triggers = r"(?i)opt\w*\s*\.\s*step\s*\(|scaler\.step\s*\("
 
     VALID = [
