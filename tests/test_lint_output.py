@@ -8,7 +8,7 @@ import json
 import pytest
 
 from rlguard import __version__
-from rlguard.catalog import CODES
+from rlguard.catalog import CODES, TOOL_CODES
 from rlguard.cli import main
 from rlguard.lint import all_rules
 from rlguard.lint.output import escape_data, escape_property, github, render
@@ -75,7 +75,7 @@ def test_sarif_run_tool_rules_and_results(project, capsys):
     assert driver["informationUri"].startswith("https://")
     rules = driver["rules"]
     ids = [r["id"] for r in rules]
-    assert ids == sorted(set(all_rules()) | {"RLG900"})  # one entry per code the linter reports
+    assert ids == sorted(set(all_rules()) | set(TOOL_CODES))  # one entry per code the linter reports
     for rule in rules:
         entry = CODES[rule["id"]]
         assert rule["name"] == entry.name
@@ -93,7 +93,9 @@ def test_sarif_run_tool_rules_and_results(project, capsys):
         (location,) = result["locations"]
         assert set(location["physicalLocation"]) == {"artifactLocation", "region"}
     region = results[1]["locations"][0]["physicalLocation"]["region"]
-    assert results[1]["locations"][0]["physicalLocation"]["artifactLocation"]["uri"] == "pkg/train.py"
+    assert results[1]["locations"][0]["physicalLocation"]["artifactLocation"] == {"uri": "pkg/train.py",
+                                                                                  "uriBaseId": "SRCROOT"}
+    assert run_["originalUriBaseIds"] == {"SRCROOT": {"uri": project.as_uri() + "/"}}
     assert region == {"startLine": 2, "startColumn": 18, "endLine": 2, "endColumn": 43}
     assert run_["invocations"] == [{"executionSuccessful": True}]
 
