@@ -9,9 +9,9 @@ import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
-
 
 from test_lint_cli import ENTROPY_BUG, KL_BUG, lint, project  # noqa: F401 - project is a fixture
 
@@ -393,3 +393,25 @@ def test_demo_and_check_without_torch_name_the_extra(tmp_path, command):
     assert "Traceback" not in proc.stderr
     assert f"rlguard {command[0]}: needs torch, which is not installed. Install the [torch] extra" in proc.stderr
     assert "https://download.pytorch.org/whl/cpu" in proc.stderr and 'pip install -e ".[torch]"' in proc.stderr
+
+
+# ----- positions ---------------------------------------------------------------------------------------------------------
+def test_positions_of_flagged_nodes_match_libcsts_provider():
+    """The engine records positions for the flagged nodes only; they must equal PositionProvider's."""
+    import random
+
+    import libcst as cst
+    from libcst.metadata import MetadataWrapper, PositionProvider
+
+    from rlguard.lint.engine import node_positions, run_deep
+
+    corpus = Path(__file__).parent / "lint_corpus"
+    source = "\n\n".join(p.read_text(encoding="utf-8") for p in sorted(corpus.rglob("*.py"))[:40])
+    source += "\n" + DEEP["elif400.py"] + "@decorator\nclass C:\n    def f(self): return (1,\n  2)\n"
+    module = cst.parse_module(source)
+    expected = run_deep(lambda: dict(MetadataWrapper(module, unsafe_skip_copy=True).resolve(PositionProvider)))
+    nodes = list(expected)
+    random.Random(0).shuffle(nodes)
+    wanted = nodes[:3000] + [module.body[0], module.body[-1]]
+    got = run_deep(node_positions, module, wanted)
+    assert {n: got[n] for n in wanted} == {n: expected[n] for n in wanted}
