@@ -27,7 +27,8 @@ def _lint_parser() -> argparse.ArgumentParser:
 
     p = argparse.ArgumentParser(
         prog="rlguard lint",
-        description="Lint Python files for the silent bugs of RL trainers (codes RLG001-RLG013; "
+        description="Lint Python files for the silent bugs of RL trainers (codes RLG001-RLG013; rlguard's own: "
+                    "RLG900 syntax error, RLG901 unused noqa (opt-in), RLG902 internal error; "
                     "`rlguard rule CODE` explains one).",
         epilog="Exit status: 0 no findings, 1 findings, 2 usage/config/internal error. "
                "Config: [tool.rlguard] in the nearest pyproject.toml.")
@@ -56,7 +57,8 @@ def _lint_parser() -> argparse.ArgumentParser:
                    help="apply exclude to files named on the command line too (what the pre-commit hook uses)")
     p.add_argument("--exit-zero", action="store_true", help="exit 0 even when there are findings")
     p.add_argument("-o", "--output-file", metavar="FILE", help="write the report to FILE instead of stdout")
-    p.add_argument("-v", "--verbose", action="store_true", help="tracebacks of internal errors, cache statistics")
+    p.add_argument("-v", "--verbose", action="store_true",
+                   help="tracebacks of internal errors, cache statistics, skipped paths, the target version")
     return p
 
 
