@@ -133,9 +133,10 @@ def render(label, n_files, lines, runs, machine, samples, failed, note="") -> st
     ])
 
 
-def write_section(table: str) -> None:
+def write_section(table: str, heading: str = "Lint speed") -> None:
+    """Put ``table`` in place of the ``## heading`` section of docs/benchmarks.md (appended when missing)."""
     text = DOC.read_text(encoding="utf-8") if DOC.exists() else "# Benchmarks\n\n"
-    pattern = re.compile(r"^## Lint speed\n.*?(?=^## |\Z)", re.MULTILINE | re.DOTALL)
+    pattern = re.compile(rf"^## {re.escape(heading)}\n.*?(?=^## |\Z)", re.MULTILINE | re.DOTALL)
     if pattern.search(text):
         text = pattern.sub(lambda _: table + "\n", text, count=1)
     else:

@@ -32,14 +32,14 @@ FORMAT = "v1"
 _TAG = ("Signature: 8a477f597d28d172789f06886806bc55\n"
         "# This file is a cache directory tag created by rlguard.\n"
         "# For information about cache directory tags see https://bford.info/cachedir/\n")
-_FINDING_SOURCES = ("engine.py", "names.py", "rule.py", "prescan.py")
+_FINDING_SOURCES = ("engine.py", "names.py", "rule.py", "prescan.py", "noqa.py")
 _FIELDS = ("line", "col", "end_line", "end_col", "code", "name", "message", "severity", "fixable")
 
 
 @lru_cache(maxsize=1)
 def rules_fingerprint() -> str:
-    """A hash of the source that decides a file's findings: the engine, the analysis core, the names, the prescan
-    and every rule module (not the CLI, the output formats or the docs, whose edits change no finding)."""
+    """A hash of the source that decides a file's findings: the engine, the context, the names, the prescan, the
+    noqa comments and every rule module (not the CLI, the output formats or the docs, whose edits change no finding)."""
     lint_dir = Path(__file__).resolve().parent
     digest = hashlib.sha256(__version__.encode())
     for path in sorted([*(lint_dir / name for name in _FINDING_SOURCES), *lint_dir.glob("rules/*.py"),
@@ -86,15 +86,18 @@ class Cache:
         try:
             with open(self._entry(key), "rb") as fh:
                 data = json.loads(fh.read())
-            if data.get("key") != key:
+            if data.get("key") != key or not _depends_unchanged(data.get("depends", {})):
                 return None
             return ([_finding(path, f) for f in data["findings"]], [_finding(path, f) for f in data["suppressed"]])
         except (OSError, ValueError, TypeError, KeyError, AttributeError):
             return None
 
-    def put(self, key: str, findings: list[Finding], suppressed: list[Finding]) -> None:
+    def put(self, key: str, findings: list[Finding], suppressed: list[Finding],
+            depends: dict[str, str] | None = None) -> None:
+        """``depends``: the other files (path -> content hash) whose function summaries the findings relied on; the
+        entry is stale when one of them changes (a helper edited re-lints its callers)."""
         entry = {"key": key, "findings": [_record(f) for f in findings],
-                 "suppressed": [_record(f) for f in suppressed]}
+                 "suppressed": [_record(f) for f in suppressed], "depends": dict(depends or {})}
         target = self._entry(key)
         try:
             self._prepare()
@@ -114,6 +117,21 @@ class Cache:
             if not (self.dir / name).exists():
                 _write_atomic(self.dir / name, text.encode())
         self._ready = True
+
+
+def _depends_unchanged(depends) -> bool:
+    from rlguard.lint.analysis.summaries import content_hash
+
+    if not isinstance(depends, dict):
+        return False
+    for path, digest in depends.items():
+        try:
+            text = Path(path).read_bytes().decode("utf-8-sig")
+        except (OSError, UnicodeDecodeError, TypeError):
+            return False
+        if content_hash(text) != digest:
+            return False
+    return True
 
 
 def _write_atomic(target: Path, data: bytes) -> None:

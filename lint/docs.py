@@ -11,7 +11,7 @@ import inspect
 import re
 from pathlib import Path
 
-from rlguard.catalog import CODES
+from rlguard.catalog import CODES, PARSE_ERROR, TOOL_CODES, UNUSED_NOQA
 
 REQUIRED_SECTIONS = ("What it flags", "Why it is wrong", "Example", "Use instead", "Fix", "Options",
                      "Runtime counterpart", "Suppression")
@@ -27,7 +27,9 @@ def _rule(code: str):
 
 def severity(code: str) -> str:
     rule = _rule(code)
-    return rule.severity if rule is not None else "error"
+    if rule is not None:
+        return rule.severity
+    return "warning" if code == UNUSED_NOQA else "error"
 
 
 def _body(code: str) -> str:
@@ -64,7 +66,7 @@ def render_page(code: str) -> str:
         fix = "yes (`rlguard lint --fix`)" if rule.fixable else "no"
         out += ["| static check | severity | autofix |", "|---|---|---|",
                 f"| {_STATIC.get(entry.static, entry.static)} | {rule.severity} | {fix} |", ""]
-    elif code != "RLG900":
+    elif code not in TOOL_CODES:
         out += ["| static check | severity | autofix |", "|---|---|---|", f"| {_STATIC['no']} | error | no |", ""]
     out += [body.strip(), ""]
     if rule is not None and not _has(body, "Fix"):
@@ -89,7 +91,7 @@ def render_page(code: str) -> str:
             out += [f"Silence one line with `# noqa: {code}` (several codes: `# noqa: {code}, {other}`; a bare "
                     f"`# noqa` silences every code on the line). For whole files or folders use "
                     f"`per-file-ignores` in `[tool.rlguard]`, or `ignore = [\"{code}\"]` for the project.", ""]
-        elif code == "RLG900":
+        elif code == PARSE_ERROR:
             out += ["A file that cannot be parsed cannot carry a working `# noqa`. Fix the file, exclude it "
                     "(`exclude` in `[tool.rlguard]`), or add `RLG900` to `ignore` or `per-file-ignores`.", ""]
         else:
@@ -106,7 +108,7 @@ def list_codes() -> list[tuple[str, str, str, str]]:
         if rule is not None:
             static = {"info": "yes (info)"}.get(entry.static, entry.static)
             fix = "fix" if rule.fixable else ""
-        elif code == "RLG900":
+        elif code in TOOL_CODES:
             static, fix = "yes", ""
         else:
             static, fix = "no (runtime)", ""

@@ -1,23 +1,32 @@
 """Report formats: ``text`` (ruff-like lines and a summary), ``json``, ``sarif`` (2.1.0, for GitHub code
-scanning) and ``github`` (workflow annotation commands)."""
+scanning) and ``github`` (workflow annotation commands); ``--statistics`` (a count per code) in text or json.
+
+Internal errors are RLG902 findings, so every format shows which files were not fully checked."""
 
 from __future__ import annotations
 
 import json
-from pathlib import PurePath
+import os
+from collections import Counter
+from pathlib import Path, PurePath
+from urllib.parse import quote
 
 from rlguard import __version__
-from rlguard.catalog import CODES
+from rlguard.catalog import CODES, TOOL_CODES
 from rlguard.lint.runner import LintReport
 
 FORMATS = ("text", "json", "sarif", "github")
+STATISTICS_FORMATS = ("text", "json")
+SRCROOT = "SRCROOT"  # SARIF base id of relative result URIs: the folder rlguard ran in
 SARIF_SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
 INFORMATION_URI = "https://github.com/rlguard/rlguard"
 SARIF_LEVEL = {"error": "error", "warning": "warning", "info": "note"}
 GITHUB_LEVEL = {"error": "error", "warning": "warning", "info": "notice"}
 
 
-def render(report: LintReport, fmt: str, show_suppressed: bool = False) -> str:
+def render(report: LintReport, fmt: str, show_suppressed: bool = False, statistics: bool = False) -> str:
+    if statistics:
+        return render_statistics(report, fmt)
     if fmt == "text":
         return text(report, show_suppressed)
     if fmt == "json":
@@ -39,6 +48,8 @@ def _n(count: int, word: str) -> str:
 
 
 def summary(report: LintReport) -> str:
+    """The last line. It never says "passed" when a file was not fully checked: internal errors are RLG902
+    findings, and the files they hit are counted."""
     counts = report.counts()
     if report.findings:
         per_code = ", ".join(f"{code}: {n}" for code, n in sorted(counts.items()))
@@ -46,8 +57,12 @@ def summary(report: LintReport) -> str:
                 f"{report.files_checked} files ({per_code})")
     else:
         line = f"All checks passed: {_n(report.files_checked, 'file')}, no findings"
+    if report.errors:
+        line += f"; {_n(report.files_not_fully_checked, 'file')} not fully checked (internal errors)"
     if report.suppressed:
         line += f"; {len(report.suppressed)} suppressed by noqa"
+    if report.skipped:
+        line += f"; {len(report.skipped)} skipped (not regular files)"
     return line
 
 
@@ -63,14 +78,42 @@ def text(report: LintReport, show_suppressed: bool = False) -> str:
     return "\n".join(lines) + "\n"
 
 
+# ----- --statistics ------------------------------------------------------------------------------------------------
+def statistics(report: LintReport) -> list[dict]:
+    """One row per code found: code, name, count, how many of them ``--fix`` can fix; most frequent first."""
+    counts = Counter(f.code for f in report.findings)
+    fixable = Counter(f.code for f in report.findings if f.fixable)
+    return [{"code": code, "name": CODES[code].name if code in CODES else "", "count": n, "fixable": fixable[code]}
+            for code, n in sorted(counts.items(), key=lambda item: (-item[1], item[0]))]
+
+
+def render_statistics(report: LintReport, fmt: str) -> str:
+    rows = statistics(report)
+    if fmt == "json":
+        return json.dumps(rows, indent=2) + "\n"
+    if fmt != "text":
+        raise ValueError(f"--statistics prints {' or '.join(STATISTICS_FORMATS)}, not {fmt!r}")
+    width = max((len(str(r["count"])) for r in rows), default=1)
+    name_width = max((len(r["name"]) for r in rows), default=0)
+    lines = [f"{r['count']:>{width}}  {r['code']}  {r['name']:<{name_width}}"
+             + (f"  ({r['fixable']} fixable with --fix)" if r["fixable"] else "") for r in rows]
+    return "\n".join([*(line.rstrip() for line in lines), summary(report)]) + "\n"
+
+
 # ----- SARIF -----------------------------------------------------------------------------------------------------
-def _uri(path: str) -> str:
+def artifact_location(path: str) -> dict:
+    """A SARIF artifactLocation: a relative path as a percent-encoded URI reference resolved against SRCROOT (a
+    space, ``#``, ``%`` or non-ASCII character in a file name must not change which file it names), an absolute
+    path as a ``file:`` URI."""
     pure = PurePath(path)
     if pure.is_absolute():
-        from pathlib import Path
+        return {"uri": Path(path).as_uri()}
+    return {"uri": quote(pure.as_posix(), safe="/"), "uriBaseId": SRCROOT}
 
-        return Path(path).as_uri()
-    return pure.as_posix()
+
+def _srcroot_uri() -> str:
+    uri = Path(os.getcwd()).as_uri()
+    return uri if uri.endswith("/") else uri + "/"
 
 
 def sarif_rule(code: str) -> dict:
@@ -92,7 +135,7 @@ def sarif_rule(code: str) -> dict:
 def sarif(report: LintReport) -> dict:
     from rlguard.lint.rule import all_rules
 
-    codes = sorted(set(all_rules()) | {"RLG900"} | {f.code for f in report.findings})
+    codes = sorted(set(all_rules()) | set(TOOL_CODES) | {f.code for f in report.findings})
     index = {code: i for i, code in enumerate(codes)}
     results = []
     for f in report.findings:
@@ -102,7 +145,7 @@ def sarif(report: LintReport) -> dict:
             "level": SARIF_LEVEL.get(f.severity, "warning"),
             "message": {"text": f.message},
             "locations": [{"physicalLocation": {
-                "artifactLocation": {"uri": _uri(f.path)},
+                "artifactLocation": artifact_location(f.path),
                 "region": {"startLine": f.line, "startColumn": f.col, "endLine": f.end_line, "endColumn": f.end_col},
             }}],
         })
@@ -110,7 +153,7 @@ def sarif(report: LintReport) -> dict:
     if report.errors:
         invocation["toolExecutionNotifications"] = [
             {"level": "error", "message": {"text": e.describe()},
-             "locations": [{"physicalLocation": {"artifactLocation": {"uri": _uri(e.path)}}}]}
+             "locations": [{"physicalLocation": {"artifactLocation": artifact_location(e.path)}}]}
             for e in report.errors]
     return {
         "$schema": SARIF_SCHEMA,
@@ -118,6 +161,7 @@ def sarif(report: LintReport) -> dict:
         "runs": [{
             "tool": {"driver": {"name": "rlguard", "version": __version__, "semanticVersion": __version__,
                                 "informationUri": INFORMATION_URI, "rules": [sarif_rule(c) for c in codes]}},
+            "originalUriBaseIds": {SRCROOT: {"uri": _srcroot_uri()}},
             "columnKind": "unicodeCodePoints",
             "results": results,
             "invocations": [invocation],
@@ -141,7 +185,5 @@ def github(report: LintReport) -> str:
                  "title": f"{f.code} {f.name}"}
         prop_text = ",".join(f"{k}={escape_property(str(v))}" for k, v in props.items())
         lines.append(f"::{GITHUB_LEVEL.get(f.severity, 'warning')} {prop_text}::{escape_data(f.message)}")
-    for e in report.errors:
-        lines.append(f"::error file={escape_property(e.path)},title=rlguard internal error::{escape_data(e.describe())}")
     lines.append(summary(report))
     return "\n".join(lines) + "\n"

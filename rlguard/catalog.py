@@ -77,7 +77,19 @@ _CODES = [
     Code("RLG900", "syntax-error",
          "The file could not be read or parsed, so no rule ran on it.",
          "yes", "-"),
+    Code("RLG901", "unused-noqa",
+         "A `# noqa` comment names an rlguard code that reports nothing on its line.",
+         "yes", "-"),
+    Code("RLG902", "internal-error",
+         "rlguard failed on this file: the findings of the named rule (or of every rule) are missing.",
+         "yes", "-"),
 ]
+
+# rlguard's own codes, reported by the linter about its own work rather than about a trainer.
+PARSE_ERROR = "RLG900"
+UNUSED_NOQA = "RLG901"  # off unless selected by name, a prefix or ALL: stale noqa comments are not bugs
+INTERNAL_ERROR = "RLG902"  # always reported: it means a file was not fully checked
+TOOL_CODES = (PARSE_ERROR, UNUSED_NOQA, INTERNAL_ERROR)
 
 CODES: dict[str, Code] = {c.code: c for c in _CODES}
 BY_NAME: dict[str, Code] = {c.name: c for c in _CODES}

