@@ -42,6 +42,7 @@ from rlguard.contracts.markers import (
     Marker,
     MatchesOwner,
     NoGrad,
+    Probe,
     SamplerConsistent,
 )
 from rlguard.contracts.distributed import global_token_count
@@ -50,7 +51,7 @@ from rlguard.contracts.settings import get_mode, get_sync, mode, set_mode, set_s
 __all__ = [
     "contract", "Batch", "check_batch", "ContractViolation", "ContractDefinitionError", "Violation",
     "Guard", "active_guard", "set_mode", "get_mode", "mode", "set_sync", "get_sync", "sync", "global_token_count",
-    "Marker", "NoGrad", "Finite", "Frozen", "GroupCentred", "GroupCentered", "MatchesOwner",
+    "Marker", "Probe", "NoGrad", "Finite", "Frozen", "GroupCentred", "GroupCentered", "MatchesOwner",
     "SamplerConsistent", "DistinctReference", "POLICY_ROLE",
     "TokenIds", "Owner", "ActionMask", "Logits", "LogProbs", "Advantages", "Rewards", "GroupRewards",
     "Values", "Loss", "OldLogProbs", "RefLogProbs", "Mask",

@@ -196,14 +196,14 @@ def _no_values(*tensors: Any) -> bool:
 def _words(x: torch.Tensor) -> torch.Tensor:
     """[b, ...] -> [b, n] integer words of each row's bits, each |word| < 2^31 (floats reinterpreted, not
     converted: -0.0 and 0.0 differ; 64-bit values as two 32-bit words)."""
-    x = x.reshape(x.shape[0], -1)
-    if x.is_complex():
-        x = torch.view_as_real(x).reshape(x.shape[0], -1)
+    if x.dim() != 2 or x.is_complex() or not x.is_contiguous():
+        x = x.reshape(x.shape[0], -1) if not x.is_complex() else torch.view_as_real(x).reshape(x.shape[0], -1)
+        x = x.contiguous()
     if x.dtype == torch.bool:
         return x
     size = x.element_size()
     if x.dtype.is_floating_point or size == 8:
-        x = x.contiguous().view({8: torch.int32, 4: torch.int32, 2: torch.int16, 1: torch.uint8}[size])
+        x = x.view({8: torch.int32, 4: torch.int32, 2: torch.int16, 1: torch.uint8}[size])
     return x
 
 
@@ -232,8 +232,10 @@ def _weight_bits(n: int) -> int:
 
 
 def _word_count(x: torch.Tensor) -> int:
-    """Words per row of ``_words(x)`` (from the shape alone)."""
-    per = x[0].numel() if x.shape[0] else 0
+    """Words per row of ``_words(x)``, from the shape alone."""
+    per = 1
+    for n in x.shape[1:]:
+        per *= n
     if x.is_complex():
         per *= 2
     return per * (2 if x.element_size() == 8 and not x.is_complex() or x.dtype == torch.complex128 else 1)
@@ -667,7 +669,7 @@ class MatchesOwner(Marker):
 
 def _valid(m: Any, like: torch.Tensor) -> torch.Tensor | None:
     if isinstance(m, torch.Tensor) and m.shape == like.shape:
-        return m.detach() != 0
+        return m if m.dtype == torch.bool else m != 0  # a comparison carries no autograd history
     return None
 
 
@@ -831,7 +833,7 @@ class Frozen(Marker):
             parts.append(row_hashes(layout))
             if self.rtol is not None:
                 parts.append(xd.reshape(n, -1).sum(dim=1, dtype=torch.float64))
-        payload = (torch.cat([p.reshape(-1) for p in parts]) if len(parts) > 1 else parts[0].reshape(-1)).double()
+        payload = (torch.cat([p.reshape(-1) for p in parts]) if len(parts) > 1 else parts[0].view(-1)).double()
         widths = tuple(c for _, c, _ in layout) if rows else ()
         length = tuple(_word_count(t) for t, _, _ in layout) if rows else None
 

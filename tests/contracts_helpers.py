@@ -210,6 +210,7 @@ class DictArgs:
     steps_per_generation: int = 2
     gradient_accumulation_steps: int = 2
     learning_rate: float = 3e-3
+    frozen: tuple[str, ...] = ("pos_emb",)  # what the trainer keeps frozen (its model freezes it when built)
     fault: str | None = None  # None, or one of DICT_FAULTS
 
 
@@ -221,6 +222,8 @@ DICT_FAULTS = {  # fault -> the code its contract reports
     "ref_is_policy": "RLG008",  # the KL reference is the policy itself
     "group_mean_batch": "RLG009",  # one baseline for the whole batch
     "label_shift": "RLG012",  # log-probs gathered at ids[:, t] from logits[:, t]
+    "no_zero_grad": "RLG013",  # optimizer.zero_grad() skipped between steps
+    "trains_frozen": "RLG014",  # the frozen position embedding made trainable and put in the optimizer
 }
 
 
@@ -233,7 +236,9 @@ class DictGRPOTrainer:
 
         self.model, self.args = model, args
         self.ref_model = model if args.fault == "ref_is_policy" else copy.deepcopy(model).eval().requires_grad_(False)
-        self.optimizer = torch.optim.AdamW(model.parameters(), lr=args.learning_rate)
+        if args.fault == "trains_frozen":
+            model.requires_grad_(True)  # the fault: "unfreeze everything", the frozen position embedding too
+        self.optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=args.learning_rate)
         self.generator = torch.Generator().manual_seed(seed)
         self.spec = TaskSpec()
         self.tasks, _ = make_tasks(self.spec, n_train=32, n_heldout=0, seed=seed)
@@ -299,7 +304,8 @@ class DictGRPOTrainer:
         with ctx:
             for _ in range(self.args.num_iterations):
                 for rows in torch.randperm(n, generator=self.generator).chunk(self.args.steps_per_generation):
-                    self.optimizer.zero_grad()
+                    if self.args.fault != "no_zero_grad":
+                        self.optimizer.zero_grad()
                     num_items = inputs["completion_mask"][rows].sum().clamp(min=1)
                     for micro in rows.chunk(self.args.gradient_accumulation_steps):
                         sub = {k: v[micro] for k, v in inputs.items()}
@@ -311,7 +317,8 @@ class DictGRPOTrainer:
                     self.optimizer.step()
 
     def train(self, steps: int, guard: bool = True) -> None:
-        g = Guard(policy=self.model, reference=self.ref_model, optimizer=self.optimizer) if guard else None
+        g = Guard(policy=self.model, reference=self.ref_model, optimizer=self.optimizer,
+                  frozen=self.args.frozen) if guard else None
         try:
             for _ in range(steps):
                 picks = torch.randperm(len(self.tasks), generator=self.generator)[: self.args.prompts]
@@ -326,4 +333,5 @@ def dict_trainer(seed: int = 0, **args) -> DictGRPOTrainer:
     from rlguard.reference.task import TaskSpec
 
     model = build_model(ModelConfig(vocab_size=TaskSpec().vocab_size, d_model=32, n_layers=1), seed=seed)
+    model.pos_emb.requires_grad_(False)
     return DictGRPOTrainer(model, replace(DictArgs(), **args), seed=seed)
