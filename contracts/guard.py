@@ -254,9 +254,9 @@ class Guard:
         self._hooks: list[Any] = []
         self._groups = self._group_signature()
         self._frozen = _FrozenSet(policy, frozen, optimizers)
-        self._grads = _GradWatch(self, optimizers)
-        # every rank builds its guard: a synchronised point
+        # every rank builds its guard: a synchronised point (a raise here leaves no hook behind)
         report(self._reference_violations() + self._frozen.construction(optimizers), collective=True)
+        self._grads = _GradWatch(self, optimizers)
         for opt in optimizers:
             self._hooks += [opt.register_step_pre_hook(self._pre_step),
                             opt.register_step_post_hook(self._post_step)]

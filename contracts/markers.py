@@ -35,6 +35,13 @@ _log = logging.getLogger("rlguard.contracts")
 _warned_no_guard: set[tuple[str, str]] = set()
 
 
+def _note_once(function: str, argument: str, text: str) -> None:
+    key = (function, argument)
+    if key not in _warned_no_guard:
+        _warned_no_guard.add(key)
+        _log.warning("rlguard: %s", text)
+
+
 def note_no_guard(function: str, timed: list[tuple[str, "Marker"]]) -> None:
     """Say once per function and marker that a check timed by update boundaries cannot run without a Guard."""
     for argument, marker in timed:
@@ -126,7 +133,7 @@ def settle(probes: list[Probe]) -> list[Violation]:
     """Read every probe's payload with one host transfer per device (one in the usual single-device call).
 
     0-dim payloads (most verdicts: bool flags, sums) are stacked; 1-dim ones, float64 by convention (exact for
-    the 31-bit hashes), are concatenated after them, which promotes the lot to float64.
+    the row hashes, integers below 2^53), are concatenated after them, which promotes the lot to float64.
     """
     if not probes:
         return []
@@ -194,41 +201,28 @@ def _no_values(*tensors: Any) -> bool:
 
 
 def _words(x: torch.Tensor) -> torch.Tensor:
-    """[b, ...] -> [b, n] integer words of each row's bits, each |word| < 2^31 (floats reinterpreted, not
-    converted: -0.0 and 0.0 differ; 64-bit values as two 32-bit words)."""
-    if x.dim() != 2 or x.is_complex() or not x.is_contiguous():
-        x = x.reshape(x.shape[0], -1) if not x.is_complex() else torch.view_as_real(x).reshape(x.shape[0], -1)
-        x = x.contiguous()
-    if x.dtype == torch.bool:
-        return x
-    size = x.element_size()
-    if x.dtype.is_floating_point or size == 8:
-        x = x.view({8: torch.int32, 4: torch.int32, 2: torch.int16, 1: torch.uint8}[size])
-    return x
+    """[b, ...] -> [b, n] 16-bit words of each row's bits (floats reinterpreted, not converted: -0.0 and 0.0
+    differ; a 32-bit value is 2 words, a 64-bit one 4; bool and 8-bit values widened to one word each)."""
+    if x.is_complex():
+        x = torch.view_as_real(x)
+    if x.dim() != 2 or not x.is_contiguous():
+        x = x.reshape(x.shape[0], -1).contiguous()
+    if x.element_size() == 1:
+        return x.to(torch.int16)
+    return x.view(torch.int16)
 
 
-# Row hashes (Frozen). A row's words r_j (|r_j| < 2^31) are hashed by S_c = sum_j w_cj * r_j mod p for a prime
-# p < 2^31 and weights w_cj drawn once from a fixed seed (a private generator: the global RNG is never touched),
-# w < 2^k with k chosen so that the exact int64 sum cannot overflow (k = 24 up to rows of 256 words). For two
-# different rows, some word differs by d != 0 (mod p), and for fixed other weights at most one of the 2^k values
-# of its weight makes S_c equal: each column collides with probability <= 2^-k, independently. Keys (which row
-# this is) use enough columns for 2^-72 (3 columns of 24 bits; more for longer rows): n rows give about
-# n^2 * 2^-73 expected false matches, 2.3e-13 for the 65536 rows an update may fingerprint. Values (did the row
-# change) use 2 columns: a change is missed with probability <= 2^-48. Integer arithmetic only, so the hash is
-# the same on every device and in every batch.
-_PRIME = 2147483629
+# Row hashes (Frozen). A row's 16-bit words r_j (|r_j| <= 2^15) are hashed by S_c = sum_j w_cj * r_j with weights
+# w_cj < 2^16 drawn once from a fixed seed (a private generator: the global RNG is never touched). Every product
+# and partial sum is an integer below 2^53 for rows of up to 2^21 words, so one float64 matrix product computes
+# S_c exactly, in any summation order: the same on every device and in every batch. For two different rows some
+# word differs by d != 0, and for fixed other weights at most one of the 2^16 values of its weight makes S_c
+# equal: each column collides with probability <= 2^-16, independently. Keys (which row this is) use 5 columns
+# (2^-80 per pair of rows: about n^2 * 2^-81 expected false matches, 2e-15 for the 65536 rows an update may
+# fingerprint); values (did the row change) 3 columns (a change missed with probability <= 2^-48).
+KEY_COLUMNS, VALUE_COLUMNS = 5, 3
 _HASH_WEIGHTS: dict[tuple, torch.Tensor] = {}
-
-
-def _weights(n: int, columns: int) -> torch.Tensor:
-    """[columns, n] weights < 2^k for rows of ``n`` words (CPU; deterministic: a fixed seed per ``n``)."""
-    bits = _weight_bits(n)
-    gen = torch.Generator().manual_seed(0x5EED_0F_B175 + n)
-    return torch.randint(1, 1 << bits, (columns, n), generator=gen, dtype=torch.int64)
-
-
-def _weight_bits(n: int) -> int:
-    return max(8, min(24, 62 - 31 - max(n - 1, 1).bit_length()))  # a sum of n products stays < 2^62
+_MAX_WORDS = 1 << 21
 
 
 def _word_count(x: torch.Tensor) -> int:
@@ -238,49 +232,41 @@ def _word_count(x: torch.Tensor) -> int:
         per *= n
     if x.is_complex():
         per *= 2
-    return per * (2 if x.element_size() == 8 and not x.is_complex() or x.dtype == torch.complex128 else 1)
-
-
-def hash_columns(n: int, collision_bits: int) -> int:
-    """Columns of ``row_hashes`` for rows of ``n`` words so that a collision has probability <= 2^-bits."""
-    return -(-collision_bits // _weight_bits(n))
+    return per * max(1, (x.element_size() // (2 if x.is_complex() else 1)) // 2)
 
 
 def row_hashes(parts: list[tuple[torch.Tensor, int, torch.Tensor | None]]) -> torch.Tensor:
     """Hash the rows of several tensors with the same first dim in one pass.
 
     ``parts``: ``(rows [b, ...], columns, valid or None)``; positions where ``valid`` is False count as 0.
-    Returns [b, sum of columns] int64, each < 2^31: the first tensor's columns first. One weight matrix spans
-    all words side by side, zero outside each tensor's own block, so one multiply, one sum and one remainder
-    hash everything.
+    Returns [b, sum of columns] float64 integers: the first tensor's columns first. One weight matrix spans all
+    words side by side, zero outside each tensor's own block, so one matrix product hashes everything.
     """
     blocks = []
     for rows, _, valid in parts:
-        words = _words(rows)
         if valid is not None:
-            valid = valid.reshape(valid.shape[0], -1)
-            if valid.shape[1] != words.shape[1]:  # 64-bit values: two words per position
-                valid = valid.repeat_interleave(words.shape[1] // valid.shape[1], dim=1)
-            words = words * valid
-        blocks.append(words)
+            rows = torch.where(valid, rows, torch.zeros((), dtype=rows.dtype, device=rows.device))
+        blocks.append(_words(rows))
     words = blocks[0] if len(blocks) == 1 else torch.cat(blocks, dim=1)
+    if words.device.type == "mps":  # no float64 there: hash on the CPU (one transfer)
+        words = words.cpu()
     w = _block_weights(tuple((b.shape[1], c) for b, (_, c, _) in zip(blocks, parts)), words.device)
-    return (words.unsqueeze(1) * w).sum(-1).remainder_(_PRIME)
+    return words.to(torch.float64) @ w
 
 
 def _block_weights(layout: tuple[tuple[int, int], ...], device: torch.device) -> torch.Tensor:
-    """[sum of columns, sum of words]: each tensor's own weights (``_weights``) in its block, zeros elsewhere."""
+    """[sum of words, sum of columns]: each tensor's own weights in its block of rows, zeros elsewhere."""
     key = (layout, str(device))
     w = _HASH_WEIGHTS.get(key)
     if w is None:
         if len(_HASH_WEIGHTS) > 64:
             _HASH_WEIGHTS.clear()
-        total_words = sum(n for n, _ in layout)
-        w = torch.zeros(sum(c for _, c in layout), total_words, dtype=torch.int64)
+        w = torch.zeros(sum(n for n, _ in layout), sum(c for _, c in layout), dtype=torch.float64)
         r = k = 0
         for n, c in layout:
-            w[r:r + c, k:k + n] = _weights(n, c)
-            r, k = r + c, k + n
+            gen = torch.Generator().manual_seed(0x5EED_0F_B175 + n)  # the same weights for the same row width
+            w[r:r + n, k:k + c] = torch.randint(1, 1 << 16, (n, c), generator=gen).to(torch.float64)
+            r, k = r + n, k + c
         w = w.to(device)
         _HASH_WEIGHTS[key] = w
     return w
@@ -752,9 +738,9 @@ class Frozen(Marker):
 
     ``key``: a parameter (or sibling batch key) whose rows identify the samples (``"ids"``): every time a row is
     seen again in the update (minibatches, epochs), its values must be the same as before. Rows are identified by
-    a hash of their bits (two independent 31-bit linear hashes: about 2^-62 per pair of different rows, so no
-    false alarm for distinct episodes of any vocabulary) and compared exactly (``rtol=None``) or, with ``rtol``,
-    by their float64 sums within ``rtol``. An exact duplicate episode (the same ids) counts as another row when
+    a hash of their bits (``row_hashes``: 2^-80 per pair of different rows, so no false alarm for distinct
+    episodes of any vocabulary) and compared exactly (``rtol=None``) or, with ``rtol``, by their float64 sums
+    within ``rtol``. An exact duplicate episode (the same ids) counts as another row when
     it first appears before the update's first optimizer step or twice in one call. ``current``: the log-probs
     computed now (``"logp"``): after the update's first optimizer step they must differ from these old log-probs
     somewhere (a ratio exactly 1 everywhere means old_logp was recomputed). ``mask``: the action mask, to compare
@@ -808,6 +794,11 @@ class Frozen(Marker):
         keys = [self._get(call, f"key{i}" if i else "key") for i in range(len(self._keys()))] if rows else []
         rows = rows and x.dim() >= 1 and all(isinstance(k, torch.Tensor) and k.dim() >= 1
                                              and k.shape[0] == x.shape[0] for k in keys)
+        if rows and sum(_word_count(t) for t in keys + [x]) > _MAX_WORDS:
+            _note_once(call.function, self._argument, f"Frozen(key=...) on {call.function}({self._argument}): "
+                       f"rows of more than {_MAX_WORDS} 16-bit words are not fingerprinted (the float64 hash "
+                       "would round); the current= check still runs")
+            rows = False
         if not (ratio or rows):
             return None
         m = self._get(call, "mask")
@@ -828,12 +819,12 @@ class Frozen(Marker):
             parts.append(torch.stack([differs.any(), valid.any() if valid is not None else differs.new_ones(())]))
         n = xd.shape[0]
         if rows:
-            layout = [(k.detach(), hash_columns(_word_count(k), 72), None) for k in keys]
-            layout.append((xd, hash_columns(_word_count(xd), 48), valid))
+            layout = [(k.detach(), KEY_COLUMNS, None) for k in keys]
+            layout.append((xd, VALUE_COLUMNS, valid))
             parts.append(row_hashes(layout))
             if self.rtol is not None:
                 parts.append(xd.reshape(n, -1).sum(dim=1, dtype=torch.float64))
-        payload = (torch.cat([p.reshape(-1) for p in parts]) if len(parts) > 1 else parts[0].view(-1)).double()
+        payload = torch.cat([p.reshape(-1) for p in parts]) if len(parts) > 1 else parts[0].view(-1)
         widths = tuple(c for _, c, _ in layout) if rows else ()
         length = tuple(_word_count(t) for t, _, _ in layout) if rows else None
 
