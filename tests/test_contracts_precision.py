@@ -3,16 +3,19 @@ and with the values' magnitude (correctly centred bf16/fp16 advantages and rewar
 
 from __future__ import annotations
 
+import copy
 from typing import Annotated
 
 import pytest
 import torch
+from torch import nn
 
 import contracts_helpers as h
 from rlguard.contracts import (
     ActionMask,
     Advantages,
     ContractViolation,
+    DistinctReference,
     Finite,
     Frozen,
     GroupCentred,
@@ -175,3 +178,16 @@ def test_frozen(dtype):
         with pytest.raises(ContractViolation) as ei:  # recomputed from the current weights: exactly equal
             frozen_loss(old, old.clone(), mask, ids)
     assert ei.value.code == "RLG002" and "equals logp exactly" in str(ei.value)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_distinct_reference(dtype):
+    @contract
+    def ref_logprobs(ref: Annotated[nn.Module, DistinctReference(policy="policy")], policy: nn.Module) -> None:
+        return None
+
+    policy = h.TinyLM().to(dtype)
+    ref_logprobs(copy.deepcopy(policy).requires_grad_(False), policy)
+    with pytest.raises(ContractViolation) as ei:  # a shallow copy shares the policy's (bf16) storage
+        ref_logprobs(copy.copy(policy), policy)
+    assert ei.value.code == "RLG008" and "share storage" in str(ei.value)
