@@ -28,6 +28,7 @@ from rlguard.contracts.aliases import (
     TokenIds,
     Values,
 )
+from rlguard.contracts.batch import Batch, check_batch
 from rlguard.contracts.decorator import contract
 from rlguard.contracts.errors import ContractDefinitionError, ContractViolation, Violation
 from rlguard.contracts.guard import Guard, active_guard
@@ -41,15 +42,16 @@ from rlguard.contracts.markers import (
     Marker,
     MatchesOwner,
     NoGrad,
+    Probe,
     SamplerConsistent,
 )
 from rlguard.contracts.distributed import global_token_count
 from rlguard.contracts.settings import get_mode, get_sync, mode, set_mode, set_sync, sync
 
 __all__ = [
-    "contract", "ContractViolation", "ContractDefinitionError", "Violation",
+    "contract", "Batch", "check_batch", "ContractViolation", "ContractDefinitionError", "Violation",
     "Guard", "active_guard", "set_mode", "get_mode", "mode", "set_sync", "get_sync", "sync", "global_token_count",
-    "Marker", "NoGrad", "Finite", "Frozen", "GroupCentred", "GroupCentered", "MatchesOwner",
+    "Marker", "Probe", "NoGrad", "Finite", "Frozen", "GroupCentred", "GroupCentered", "MatchesOwner",
     "SamplerConsistent", "DistinctReference", "POLICY_ROLE",
     "TokenIds", "Owner", "ActionMask", "Logits", "LogProbs", "Advantages", "Rewards", "GroupRewards",
     "Values", "Loss", "OldLogProbs", "RefLogProbs", "Mask",

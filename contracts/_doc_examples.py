@@ -197,6 +197,21 @@ def ex_reference_in_optimizer() -> None:
     Guard(policy=policy, reference=ref, optimizer=opt)
 
 
+def ex_grad_not_zeroed() -> None:
+    policy, _, opt = _models()
+    ids = _batch()["ids"]
+    with Guard(policy=policy, optimizer=opt):
+        for _ in range(2):
+            policy(ids).logsumexp(-1).mean().backward()  # the bug: no opt.zero_grad() between the steps
+            opt.step()
+
+
+def ex_frozen_trained() -> None:
+    policy, _, _ = _models()
+    opt = torch.optim.AdamW(policy.parameters())  # the bug: the embedding meant to stay frozen is still trainable
+    Guard(policy=policy, optimizer=opt, frozen=["emb"])
+
+
 def ex_definition() -> None:
     def policy_loss(logp: LogProbs, old_logp: LogProbs) -> Loss:
         return (logp - old_logp).sum()
@@ -218,6 +233,8 @@ EXAMPLES: list[tuple[str, Callable[[], None]]] = [
     ("Frozen: old log-probs changed between epochs (RLG002)", ex_frozen_rows),
     ("Guard: a shallow copy as reference (RLG008)", ex_reference_alias),
     ("Guard: the reference in the optimizer (RLG008)", ex_reference_in_optimizer),
+    ("Guard: gradients not zeroed between steps (RLG013)", ex_grad_not_zeroed),
+    ("Guard: a frozen parameter left trainable in the optimizer (RLG014)", ex_frozen_trained),
     ("A marker on a parameter that does not exist (at decoration)", ex_definition),
 ]
 

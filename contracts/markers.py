@@ -6,27 +6,40 @@ annotations you do not want to change. Each marker is validated against the func
 applied (:meth:`Marker.bind`) and checks one value per call (:meth:`Marker.check`), returning ``None`` or a
 :class:`~rlguard.contracts.errors.Violation`.
 
-Cheap markers (``NoGrad``, the identity part of ``DistinctReference``) run on every call; value markers read
-tensor values and run on every ``check_every``-th call. Guard-timed checks (``SamplerConsistent`` at the first
-minibatch of an update, the ratio check of ``Frozen`` after a step) also run once per update when due, even
-between ``check_every`` calls. All value reads happen under ``torch.no_grad()`` on detached tensors and draw
-no random numbers.
+Cheap markers (``NoGrad``, the identity part of ``DistinctReference``) read only metadata and run on every call.
+Value markers read tensor values and run on every ``check_every``-th call; guard-timed checks
+(``SamplerConsistent`` at the first minibatch of an update, the ratio check of ``Frozen`` after a step) also run
+once per update when due. A value marker does not read its verdict itself: :meth:`Marker.probe` returns a
+:class:`Probe` (a few int64 on the tensors' device), and the decorator reads the probes of all markers of a call
+with one host transfer (:func:`settle`), so a checked call synchronises with the device once, not once per
+marker. Only a failing check reads more, to explain itself. All value reads happen under ``torch.no_grad()`` on
+detached tensors and draw no random numbers; meta tensors and empty tensors pass the value checks (nothing to
+read), and tensors a marker compares that sit on different devices are a violation naming both.
 """
 
 from __future__ import annotations
 
 import copy
 import logging
+import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
+from rlguard.contracts.batch import MISSING, get_field
 from rlguard.contracts.errors import ContractDefinitionError, Violation
 from rlguard.contracts.spec import TensorSpec, describe, format_message
 
 _log = logging.getLogger("rlguard.contracts")
 _warned_no_guard: set[tuple[str, str]] = set()
+
+
+def _note_once(function: str, argument: str, text: str) -> None:
+    key = (function, argument)
+    if key not in _warned_no_guard:
+        _warned_no_guard.add(key)
+        _log.warning("rlguard: %s", text)
 
 
 def note_no_guard(function: str, timed: list[tuple[str, "Marker"]]) -> None:
@@ -41,16 +54,51 @@ def note_no_guard(function: str, timed: list[tuple[str, "Marker"]]) -> None:
 POLICY_ROLE = 1  # default owner id of policy-written tokens (prompt 0, policy 1, environment 2)
 
 
+class Ref:
+    """A value a marker reads: a checked slot (a parameter, or a batch key such as ``inputs['owner']``) and the
+    keys/attributes below it (``self.cfg.n`` is the slot ``self`` and the chain ``("cfg", "n")``)."""
+
+    __slots__ = ("slot", "root", "chain", "text")
+
+    def __init__(self, slot: str, root: str, chain: tuple[str, ...], text: str) -> None:
+        self.slot = slot  # key of Call.values
+        self.root = root  # the function parameter the slot comes from
+        self.chain = chain
+        self.text = text  # as the user wrote it
+
+    def get(self, values: dict) -> Any:
+        value = values.get(self.slot)
+        for key in self.chain:
+            if value is None:
+                return None
+            value = get_field(value, key)
+            if value is MISSING:
+                return None
+        return value
+
+    def __repr__(self) -> str:
+        return f"Ref({self.text!r})"
+
+
 @dataclass
 class Site:
     """Where a marker sits, seen at decoration time."""
 
     function: str
-    argument: str  # parameter name, "return" or "return[i]"
+    argument: str  # parameter name, batch key ("inputs['ids']"), "return" or "return[i]"
     params: tuple[str, ...]
     spec: TensorSpec | None
     dim_names: frozenset[str]  # dims bound by the function's tensor specs
     options: dict = field(default_factory=dict)  # decorator options (group_size)
+    annotation: Any = None  # the argument's annotation without markers (None: not annotated)
+    tensor: bool | None = None  # True: a tensor annotation; False: another type; None: unknown (no annotation)
+    resolver: Any = None  # name -> Ref (parameters, sibling batch keys, dotted paths)
+
+    def resolve(self, name: str) -> Ref | None:
+        if self.resolver is not None:
+            return self.resolver(name, self.argument)
+        head, *rest = name.split(".")
+        return Ref(head, head, tuple(rest), name) if head in self.params else None
 
 
 class Call:
@@ -60,18 +108,184 @@ class Call:
 
     def __init__(self, function: str, values: dict, bindings: dict, guard: Any, value_due: bool) -> None:
         self.function = function
-        self.values = values
+        self.values = values  # parameter name / batch key slot -> value
         self.bindings = bindings
         self.guard = guard
         self.value_due = value_due
 
+    def get(self, ref: Ref | None) -> Any:
+        return None if ref is None else ref.get(self.values)
+
+
+class Probe:
+    """A value check in flight: a tensor of a few numbers on the checked tensors' device (0-dim: any dtype;
+    1-dim: float64), read with every other probe of the call in one host transfer, then
+    ``finish(host_values) -> Violation | None`` (``host_values``: a list of Python numbers)."""
+
+    __slots__ = ("payload", "finish")
+
+    def __init__(self, payload: torch.Tensor, finish: Callable[[list], Violation | None]) -> None:
+        self.payload = payload
+        self.finish = finish
+
+
+def settle(probes: list[Probe]) -> list[Violation]:
+    """Read every probe's payload with one host transfer per device (one in the usual single-device call).
+
+    0-dim payloads (most verdicts: bool flags, sums) are stacked; 1-dim ones, float64 by convention (exact for
+    the row hashes, integers below 2^53), are concatenated after them, which promotes the lot to float64.
+    """
+    if not probes:
+        return []
+    with torch.no_grad():
+        if len(probes) == 1:  # one check in the call: its payload alone
+            p = probes[0]
+            v = p.finish(p.payload.reshape(-1).tolist() if p.payload.dim() else [p.payload.item()])
+            return [v] if v is not None else []
+        host: list = [None] * len(probes)
+        by_device: dict[Any, list[int]] = {}
+        for i, p in enumerate(probes):
+            by_device.setdefault(p.payload.device, []).append(i)
+        for dev, idx in by_device.items():
+            payloads = [probes[i].payload for i in idx]
+            if dev.type == "mps":  # no float64 there: bring the few numbers over first
+                payloads = [t.cpu() for t in payloads]
+            scalars = [k for k, t in enumerate(payloads) if t.dim() == 0]
+            if len(scalars) == len(payloads):
+                flat = torch.stack(payloads).tolist()
+                for i, v in zip(idx, flat):
+                    host[i] = [v]
+                continue
+            rows = [k for k, t in enumerate(payloads) if t.dim() != 0]
+            parts = ([torch.stack([payloads[k] for k in scalars])] if scalars else []) + [payloads[k] for k in rows]
+            flat = (torch.cat(parts) if len(parts) > 1 else parts[0]).tolist()  # float64 1-d payloads promote all
+            for j, k in enumerate(scalars):
+                host[idx[k]] = [flat[j]]
+            at = len(scalars)
+            for k in rows:
+                n = payloads[k].numel()
+                host[idx[k]] = flat[at:at + n]
+                at += n
+        out = []
+        for p, h in zip(probes, host):
+            v = p.finish(h)
+            if v is not None:
+                out.append(v)
+    return out
+
+
+def eps_of(*dtypes: torch.dtype) -> float:
+    """Machine epsilon of the least precise floating dtype among ``dtypes`` (0 when none is floating)."""
+    out = 0.0
+    for d in dtypes:
+        if d.is_floating_point:
+            out = max(out, torch.finfo(d).eps)
+    return out
+
+
+def _tolerance(value: Any, name: str, marker: str) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        raise ContractDefinitionError(f"{marker}({name}={value!r}): a tolerance is a finite number >= 0 "
+                                      "(None: the default, scaled to the dtype)")
+    return float(value)
+
+
+def _no_values(*tensors: Any) -> bool:
+    """True when a value check cannot or need not read values: a meta tensor (no data) or nothing to read."""
+    for t in tensors:
+        if isinstance(t, torch.Tensor) and (t.is_meta or t.numel() == 0):
+            return True
+    return False
+
+
+def _words(x: torch.Tensor) -> torch.Tensor:
+    """[b, ...] -> [b, n] 16-bit words of each row's bits (floats reinterpreted, not converted: -0.0 and 0.0
+    differ; a 32-bit value is 2 words, a 64-bit one 4; bool and 8-bit values widened to one word each)."""
+    if x.is_complex():
+        x = torch.view_as_real(x)
+    if x.dim() != 2 or not x.is_contiguous():
+        x = x.reshape(x.shape[0], -1).contiguous()
+    if x.element_size() == 1:
+        return x.to(torch.int16)
+    return x.view(torch.int16)
+
+
+# Row hashes (Frozen). A row's 16-bit words r_j (|r_j| <= 2^15) are hashed by S_c = sum_j w_cj * r_j with weights
+# w_cj < 2^16 drawn once from a fixed seed (a private generator: the global RNG is never touched). Every product
+# and partial sum is an integer below 2^53 for rows of up to 2^21 words, so one float64 matrix product computes
+# S_c exactly, in any summation order: the same on every device and in every batch. For two different rows some
+# word differs by d != 0, and for fixed other weights at most one of the 2^16 values of its weight makes S_c
+# equal: each column collides with probability <= 2^-16, independently. Keys (which row this is) use 5 columns
+# (2^-80 per pair of rows: about n^2 * 2^-81 expected false matches, 2e-15 for the 65536 rows an update may
+# fingerprint); values (did the row change) 3 columns (a change missed with probability <= 2^-48).
+KEY_COLUMNS, VALUE_COLUMNS = 5, 3
+_HASH_WEIGHTS: dict[tuple, torch.Tensor] = {}
+_MAX_WORDS = 1 << 21
+
+
+def _word_count(x: torch.Tensor) -> int:
+    """Words per row of ``_words(x)``, from the shape alone."""
+    per = 1
+    for n in x.shape[1:]:
+        per *= n
+    if x.is_complex():
+        per *= 2
+    return per * max(1, (x.element_size() // (2 if x.is_complex() else 1)) // 2)
+
+
+def row_hashes(parts: list[tuple[torch.Tensor, int, torch.Tensor | None]]) -> torch.Tensor:
+    """Hash the rows of several tensors with the same first dim in one pass.
+
+    ``parts``: ``(rows [b, ...], columns, valid or None)``; positions where ``valid`` is False count as 0.
+    Returns [b, sum of columns] float64 integers: the first tensor's columns first. One weight matrix spans all
+    words side by side, zero outside each tensor's own block, so one matrix product hashes everything.
+    """
+    blocks = []
+    for rows, _, valid in parts:
+        if valid is not None:
+            rows = torch.where(valid, rows, torch.zeros((), dtype=rows.dtype, device=rows.device))
+        blocks.append(_words(rows))
+    words = blocks[0] if len(blocks) == 1 else torch.cat(blocks, dim=1)
+    if words.device.type == "mps":  # no float64 there: hash on the CPU (one transfer)
+        words = words.cpu()
+    w = _block_weights(tuple((b.shape[1], c) for b, (_, c, _) in zip(blocks, parts)), words.device)
+    return words.to(torch.float64) @ w
+
+
+def _block_weights(layout: tuple[tuple[int, int], ...], device: torch.device) -> torch.Tensor:
+    """[sum of words, sum of columns]: each tensor's own weights in its block of rows, zeros elsewhere."""
+    key = (layout, str(device))
+    w = _HASH_WEIGHTS.get(key)
+    if w is None:
+        if len(_HASH_WEIGHTS) > 64:
+            _HASH_WEIGHTS.clear()
+        w = torch.zeros(sum(n for n, _ in layout), sum(c for _, c in layout), dtype=torch.float64)
+        r = k = 0
+        for n, c in layout:
+            gen = torch.Generator().manual_seed(0x5EED_0F_B175 + n)  # the same weights for the same row width
+            w[r:r + n, k:k + c] = torch.randint(1, 1 << 16, (n, c), generator=gen).to(torch.float64)
+            r, k = r + n, k + c
+        w = w.to(device)
+        _HASH_WEIGHTS[key] = w
+    return w
+
 
 class Marker:
-    """Base class. Subclasses set ``code`` and ``value_check`` and implement ``check``."""
+    """Base class. Subclasses set ``code`` and ``value_check`` and implement ``check`` (or ``probe``).
+
+    ``check(x, call) -> Violation | None`` is the simple form: it may read values on the host as it likes.
+    Built-in value markers implement ``probe(x, call)`` instead, returning ``None`` (nothing to check), a
+    ``Violation`` (decided from metadata alone) or a :class:`Probe` read with the call's other probes in one
+    host transfer. ``applies_to``: ``"tensor"`` (the argument must be annotated as a tensor, or not annotated),
+    ``"object"`` (not a tensor), ``"any"``.
+    """
 
     code = "RLG000"
     value_check = False  # reads tensor values: obeys check_every
     needs_guard = False
+    applies_to = "tensor"
     _function = "?"
     _argument = "?"
 
@@ -80,21 +294,74 @@ class Marker:
         bound = copy.copy(self)
         bound._function = site.function
         bound._argument = site.argument
+        bound._refs = {}
+        bound._check_applies(site)
         bound._bind(site)
         return bound
+
+    def _applies(self, site: Site) -> str:
+        return self.applies_to
+
+    def _check_applies(self, site: Site) -> None:
+        kind = self._applies(site)
+        on = "the return value" if site.argument.startswith("return") else repr(site.argument)
+        where = f"{site.function}(): {self!r} on {on}"
+        if kind == "tensor" and site.tensor is False:
+            raise ContractDefinitionError(
+                f"{where}: {type(self).__name__} checks a torch tensor, but {site.argument!r} is annotated "
+                f"{_type_name(site.annotation)}; put it on a tensor (LogProbs, Float[Tensor, 'B T-1'], a Batch "
+                "key) or drop the annotation")
+        if kind == "object" and site.tensor is True:
+            raise ContractDefinitionError(
+                f"{where}: {type(self).__name__} checks a model object, but {site.argument!r} is annotated as a "
+                "tensor")
 
     def _bind(self, site: Site) -> None:
         pass
 
     def needs(self) -> tuple[str, ...]:
         """Parameters (besides its own) whose values the check reads."""
-        return ()
+        return tuple(dict.fromkeys(r.root for r in getattr(self, "_refs", {}).values()))
 
-    def check(self, x: Any, call: Call) -> Violation | None:  # pragma: no cover - abstract
-        raise NotImplementedError
+    def probe(self, x: Any, call: Call) -> Probe | Violation | None:
+        """The check, with its verdict left on the device (default: run :meth:`check`)."""
+        return self.check(x, call)
+
+    def check(self, x: Any, call: Call) -> Violation | None:
+        """The check, read at once (a marker that implements only :meth:`probe` gets this for free)."""
+        if type(self).probe is Marker.probe:  # pragma: no cover - abstract
+            raise NotImplementedError
+        out = self.probe(x, call)
+        if isinstance(out, Probe):
+            found = settle([out])
+            return found[0] if found else None
+        return out
 
     # helpers
+    def _ref(self, site: Site, name: str | None, what: str) -> None:
+        """Resolve ``name`` (a parameter, a sibling batch key, or a dotted path from one) at decoration."""
+        if name is None:
+            return
+        if not isinstance(name, str) or not name:
+            raise ContractDefinitionError(f"{site.function}(): {type(self).__name__}({what}={name!r}) on "
+                                          f"{site.argument!r}: {what} must be a name")
+        ref = site.resolve(name)
+        if ref is None:
+            raise ContractDefinitionError(
+                f"{site.function}(): {type(self).__name__}({what}={name!r}) on {site.argument!r}: "
+                f"{site.function}() has no parameter {name.split('.')[0]!r} (parameters: "
+                f"{', '.join(site.params) or 'none'}){_scope_note(site)}")
+        self._refs[what] = ref
+
+    def _get(self, call: Call, what: str) -> Any:
+        return call.get(self._refs.get(what))
+
+    def _name(self, what: str) -> str:
+        ref = self._refs.get(what)
+        return ref.slot if ref is not None and not ref.chain else (ref.text if ref is not None else what)
+
     def _param(self, site: Site, name: str | None, what: str) -> None:
+        """Kept for markers written against the first API: ``name`` must be a parameter of the function."""
         if name is not None and name not in site.params:
             raise ContractDefinitionError(
                 f"{site.function}(): {type(self).__name__}({what}={name!r}) on {site.argument!r}: "
@@ -107,9 +374,30 @@ class Marker:
                                         expected=repr(self), bindings=call.bindings, got=describe(x),
                                         hint=hint))
 
+    def _devices(self, call: Call, x: torch.Tensor, **others: Any) -> Violation | None:
+        """RLG000 when tensors this marker compares sit on different devices (never a raw torch error)."""
+        for what, t in others.items():
+            if isinstance(t, torch.Tensor) and t.device != x.device:
+                return self._fail(
+                    f"{self._argument} is on {x.device} but {self._name(what)} ({what}) is on {t.device}: the "
+                    f"{type(self).__name__} check compares them element by element", x, call,
+                    "move both to one device (.to(x.device)) before the call; see RLG000", code="RLG000")
+        return None
+
     def __repr__(self) -> str:
         fields = {k: v for k, v in vars(self).items() if not k.startswith("_")}
         return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in fields.items())})"
+
+
+def _type_name(tp: Any) -> str:
+    return getattr(tp, "__qualname__", None) or repr(tp)
+
+
+def _scope_note(site: Site) -> str:
+    """", and its batch has no key ... (keys: ...)" for a marker on a batch key, else ""."""
+    near = getattr(site.resolver, "keys_near", None)
+    keys = near(site.argument) if near is not None else ()
+    return f", and its batch declares no such key (keys: {', '.join(keys)})" if keys else ""
 
 
 class NoGrad(Marker):
@@ -133,28 +421,47 @@ class Finite(Marker):
     code = "RLG000"
     value_check = True
 
-    def check(self, x: Any, call: Call) -> Violation | None:
-        if not isinstance(x, torch.Tensor) or not (x.is_floating_point() or x.is_complex()):
+    def probe(self, x: Any, call: Call) -> Probe | None:
+        if not isinstance(x, torch.Tensor) or not (x.is_floating_point() or x.is_complex()) or _no_values(x):
             return None
-        with torch.no_grad():
-            xd = x.detach()
-            bad = ~torch.isfinite(xd)
-            if not bool(bad.any()):
-                return None
-            nan = int(torch.isnan(xd).sum())
-            first = tuple(torch.nonzero(bad)[0].tolist()) if xd.dim() else ()
-            n_bad = int(bad.sum())
+        xd = x.detach()
+        if xd.is_complex():
+            return Probe(~torch.isfinite(xd).all(), lambda h: self._explain(xd, call) if h[0] else None)
+        # the sum is finite when every value is: one reduction. A sum that overflows over finite values only
+        # costs the explaining pass, which then finds nothing (no false alarm)
+        total = xd.sum() if xd.dtype in (torch.float32, torch.float64) else xd.sum(dtype=torch.float32)
+        return Probe(total, lambda h: None if math.isfinite(h[0]) else self._explain(xd, call))
+
+    def _explain(self, xd: torch.Tensor, call: Call) -> Violation | None:
+        bad = ~torch.isfinite(xd)
+        n_bad = int(bad.sum())
+        if not n_bad:  # the sum overflowed over finite values
+            return None
+        nan = int(torch.isnan(xd).sum())
+        first = tuple(torch.nonzero(bad)[0].tolist()) if xd.dim() else ()
         return self._fail(f"{n_bad} non-finite values ({nan} NaN, {n_bad - nan} Inf), first at index {first}",
-                          x, call, "a log of 0 (log-prob of a masked/zero-probability token), a division by a "
+                          xd, call, "a log of 0 (log-prob of a masked/zero-probability token), a division by a "
                           "zero std or token count, or an overflow in bf16/fp16 upstream")
 
 
-class GroupCentred(Marker):
-    """RLG009: viewed as [P, G], every group's mean is 0 within ``tol``.
+def default_centred_rtol(dtype: torch.dtype) -> float:
+    """GroupCentred's default: sqrt(eps) of the dtype (float32 3.5e-4, float16 0.031, bfloat16 0.088)."""
+    return math.sqrt(eps_of(dtype)) if dtype.is_floating_point else 0.0
 
-    ``group_size``: an int; a parameter name (``"group_size"``) or a dotted path from one (``"cfg.group_size"``);
-    or a dim name bound by the function's specs (``"G"`` of ``GroupRewards``). Default: the decorator's
-    ``group_size`` option, else a parameter named ``group_size``, else the dim ``G``.
+
+class GroupCentred(Marker):
+    """RLG009: viewed as [P, G], every group's mean is 0, small against the group's own values.
+
+    ``group_size``: an int; a parameter name (``"group_size"``), a sibling batch key, or a dotted path from one
+    (``"cfg.group_size"``, ``"self.cfg.n"``); or a dim name bound by the function's specs (``"G"`` of
+    ``GroupRewards``). Default: the decorator's ``group_size`` option, else a parameter named ``group_size``, else
+    the dim ``G``.
+
+    Tolerance: a group passes when ``|mean| <= tol + rtol * max|value|`` over the group. Default ``rtol``:
+    ``sqrt(eps)`` of the advantages' dtype (3.5e-4 in float32, 0.031 in float16, 0.088 in bfloat16), ``tol`` 0:
+    correctly centred advantages pass in every precision and at any reward scale, while advantages with no
+    baseline, a whole-batch baseline or the wrong group size have group means comparable to their values.
+    ``tol=`` alone is an absolute tolerance (``rtol`` then 0 unless given).
 
     Under data parallelism the check runs on each rank's own values: each rank must hold whole groups (the G
     samples of a prompt contiguous, on one rank). A group that straddles ranks shows up as a count that is not a
@@ -164,9 +471,11 @@ class GroupCentred(Marker):
     code = "RLG009"
     value_check = True
 
-    def __init__(self, group_size: int | str | None = None, tol: float = 1e-5) -> None:
+    def __init__(self, group_size: int | str | None = None, tol: float | None = None,
+                 rtol: float | None = None) -> None:
         self.group_size = group_size
-        self.tol = tol
+        self.tol = _tolerance(tol, "tol", "GroupCentred")
+        self.rtol = _tolerance(rtol, "rtol", "GroupCentred")
         self._source: tuple[str, Any] = ("int", None)
 
     def _bind(self, site: Site) -> None:
@@ -180,7 +489,8 @@ class GroupCentred(Marker):
                 raise ContractDefinitionError(
                     f"{site.function}(): GroupCentred on {site.argument!r}: can't find the group size; pass "
                     "GroupCentred(group_size=...) or @contract(group_size=...) with an int, a parameter name "
-                    "('group_size', 'cfg.group_size') or a dim name bound by an annotation ('G' of [P, G])")
+                    "('group_size', 'cfg.group_size', 'self.cfg.n') or a dim name bound by an annotation "
+                    "('G' of [P, G])")
         if isinstance(gs, bool) or not isinstance(gs, (int, str)) or (isinstance(gs, int) and gs < 1):
             raise ContractDefinitionError(
                 f"{site.function}(): GroupCentred on {site.argument!r}: group_size must be a positive int or "
@@ -188,19 +498,17 @@ class GroupCentred(Marker):
         if isinstance(gs, int):
             self._source = ("int", gs)
             return
-        head, *rest = gs.split(".")
-        if head in site.params:
-            self._source = ("param", (head, tuple(rest)))
-        elif not rest and gs in site.dim_names:
+        if "." not in gs and gs in site.dim_names and site.resolve(gs) is None:
             self._source = ("dim", gs)
-        else:
+            return
+        ref = site.resolve(gs)
+        if ref is None:
             raise ContractDefinitionError(
-                f"{site.function}(): GroupCentred(group_size={gs!r}) on {site.argument!r}: {head!r} is neither "
-                f"a parameter of {site.function}() nor a dim bound by its annotations "
-                f"(dims: {', '.join(sorted(site.dim_names)) or 'none'})")
-
-    def needs(self) -> tuple[str, ...]:
-        return (self._source[1][0],) if self._source[0] == "param" else ()
+                f"{site.function}(): GroupCentred(group_size={gs!r}) on {site.argument!r}: {gs.split('.')[0]!r} "
+                f"is neither a parameter of {site.function}() nor a dim bound by its annotations "
+                f"(dims: {', '.join(sorted(site.dim_names)) or 'none'}){_scope_note(site)}")
+        self._refs["group_size"] = ref
+        self._source = ("ref", ref)
 
     def _group_size(self, call: Call) -> Any:
         kind, src = self._source
@@ -208,17 +516,20 @@ class GroupCentred(Marker):
             return src
         if kind == "dim":
             return call.bindings.get(src)
-        value = call.values.get(src[0])
-        for attr in src[1]:
-            value = value[attr] if isinstance(value, dict) else getattr(value, attr, None)
-        return value
+        return call.get(src)
 
-    def check(self, x: Any, call: Call) -> Violation | None:
+    def _limits(self, dtype: torch.dtype) -> tuple[float, float]:
+        """(absolute, relative) tolerance for values of ``dtype``."""
+        if self.tol is None and self.rtol is None:
+            return 0.0, default_centred_rtol(dtype)
+        return self.tol or 0.0, (self.rtol if self.rtol is not None else 0.0)
+
+    def probe(self, x: Any, call: Call) -> Probe | Violation | None:
         if not isinstance(x, torch.Tensor):
             return None
         g = self._group_size(call)
-        if isinstance(g, torch.Tensor) and g.numel() == 1:
-            g = int(g)
+        if isinstance(g, torch.Tensor) and g.numel() == 1 and not g.is_meta:
+            g = int(g)  # a group size kept in a tensor: one read, on the host already in most trainers
         if isinstance(g, bool) or not isinstance(g, int) or g < 1:
             return self._fail(f"the group size ({self.group_size or self._source[1]}) is {g!r}, not a positive "
                               "int", x, call, None)
@@ -232,34 +543,51 @@ class GroupCentred(Marker):
                                   "size is wrong; see RLG009")
             return self._fail(f"{n} values are not a whole number of groups of G={g}", x, call,
                               "wrong group size, or groups not laid out contiguously [P, G]; see RLG009")
-        with torch.no_grad():
-            xd = x.detach().double().reshape(-1, g)
-            means = xd.mean(dim=1)
-            worst = float(means.abs().max())
-            if worst <= self.tol:
-                return None
-            p = xd.shape[0]
-            i = int(means.abs().argmax())
-            flat = xd.reshape(-1)
-            other = [d for d in range(2, min(n, 257)) if n % d == 0 and d != g
-                     and float(flat.reshape(-1, d).mean(dim=1).abs().max()) <= self.tol]
-            if p > 1 and float(xd.mean(dim=0).abs().max()) <= self.tol:  # noqa: RLG009 - diagnosing a wrong-axis mean on purpose
-                hint = (f"centred along the wrong axis: the mean taken over dim 0 of [P, G] = [{p}, {g}] "
-                        "(across prompts) instead of dim 1 (within each group)?")
-            elif other:
-                hint = f"centred with group size {other[0]}, not G={g}?"
-            elif abs(float(flat.mean())) <= self.tol:
-                hint = "centred over the whole batch, not per group (a batch mean instead of the group mean)?"
-            else:
-                hint = "no baseline subtracted per group (advantages = rewards?)"
-            if dp:
-                hint += (f" Or, under data parallelism ({dp}), groups straddle ranks: each rank must hold whole "
-                         "groups, centred on the full group's mean.")
-        return self._fail(f"group {i} of {p} (G={g}) has mean {means[i].item():.4g}; every group's mean must be 0 "
-                          f"(|mean| <= {self.tol:g})", x, call, hint + " see RLG009")
+        if _no_values(x) or not (x.is_floating_point() or x.dtype in _INT_DTYPES):
+            return None
+        atol, rtol = self._limits(x.dtype)
+        xd = x.detach().reshape(-1, g).double()
+        bad = (xd.mean(dim=1).abs_() > xd.abs().amax(dim=1).mul_(rtol).add_(atol)).any()
+        return Probe((bad), lambda h: self._explain(x, call, g, dp) if h[0] else None)
+
+    def _centred(self, grouped: torch.Tensor, dim: int, atol: float, rtol: float) -> bool:
+        means = grouped.mean(dim=dim).abs()
+        return bool((means <= grouped.abs().amax(dim=dim) * rtol + atol).all())
+
+    def _explain(self, x: torch.Tensor, call: Call, g: int, dp: str) -> Violation:
+        atol, rtol = self._limits(x.dtype)
+        xd = x.detach().double().reshape(-1, g)
+        means = xd.mean(dim=1)
+        scale = xd.abs().amax(dim=1)
+        excess = (means.abs() - (scale * rtol + atol))
+        i = int(excess.argmax())
+        p, n = xd.shape[0], xd.numel()
+        flat = xd.reshape(-1)
+        other = [d for d in range(2, min(n, 257)) if n % d == 0 and d != g
+                 and self._centred(flat.reshape(-1, d), 1, atol, rtol)]
+        if p > 1 and self._centred(xd, 0, atol, rtol):
+            hint = (f"centred along the wrong axis: the mean taken over dim 0 of [P, G] = [{p}, {g}] "
+                    "(across prompts) instead of dim 1 (within each group)?")
+        elif other:
+            hint = f"centred with group size {other[0]}, not G={g}?"
+        elif self._centred(flat.reshape(1, -1), 1, atol, rtol):
+            hint = "centred over the whole batch, not per group (a batch mean instead of the group mean)?"
+        else:
+            hint = "no baseline subtracted per group (advantages = rewards?)"
+        if dp:
+            hint += (f" Or, under data parallelism ({dp}), groups straddle ranks: each rank must hold whole "
+                     "groups, centred on the full group's mean.")
+        if self.tol is None and self.rtol is None:
+            limit = f"|mean| <= {rtol:.2g} x max|value| for {str(x.dtype).removeprefix('torch.')}"
+        else:
+            limit = f"|mean| <= {atol:g} + {rtol:g} x max|value|"
+        return self._fail(f"group {i} of {p} (G={g}) has mean {float(means[i]):.4g} with max|value| "
+                          f"{float(scale[i]):.4g}; every group's mean must be 0 ({limit})", x, call,
+                          hint + " see RLG009")
 
 
 GroupCentered = GroupCentred  # US spelling
+_INT_DTYPES = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
 
 
 def _dp_where() -> str:
@@ -272,7 +600,10 @@ def _dp_where() -> str:
 
 
 class MatchesOwner(Marker):
-    """RLG001: the action mask [B, T-1] equals ``owner[:, 1:] == policy_role`` ("policy wrote ids[:, 1:]")."""
+    """RLG001: the action mask [B, T-1] equals ``owner[:, 1:] == policy_role`` ("policy wrote ids[:, 1:]").
+
+    ``owner``: a parameter, a sibling batch key or a dotted path, holding the [B, T] owner ids.
+    """
 
     code = "RLG001"
     value_check = True
@@ -282,99 +613,122 @@ class MatchesOwner(Marker):
         self.policy_role = policy_role
 
     def _bind(self, site: Site) -> None:
-        self._param(site, self.owner, "owner")
+        self._ref(site, self.owner, "owner")
 
-    def needs(self) -> tuple[str, ...]:
-        return (self.owner,)
-
-    def check(self, x: Any, call: Call) -> Violation | None:
-        o = call.values.get(self.owner)
+    def probe(self, x: Any, call: Call) -> Probe | Violation | None:
+        o = self._get(call, "owner")
         if not isinstance(x, torch.Tensor) or not isinstance(o, torch.Tensor) or o.dim() != 2:
             return None
+        wrong_device = self._devices(call, x, owner=o)
+        if wrong_device is not None:
+            return wrong_device
         b, t = o.shape
         if tuple(x.shape) != (b, t - 1):
             hint = ("mask aligned to ids, not ids[:, 1:]? Build it from owner[:, 1:]; see RLG001"
                     if tuple(x.shape) == (b, t) else "see RLG001")
-            return self._fail(f"shape {tuple(x.shape)}, but owner {tuple(o.shape)} needs ({b}, {t - 1})",
-                              x, call, hint)
-        with torch.no_grad():
-            want = o[:, 1:] == self.policy_role
-            got = x.detach() != 0
-            diff = want ^ got
-            if not bool(diff.any()):
-                return None
-            count = int(diff.sum())
-            r, c = torch.nonzero(diff)[0].tolist()
-            if torch.equal(got, o[:, :-1] == self.policy_role):
-                hint = ("mask aligned to ids, not ids[:, 1:]: it equals owner[:, :-1] == POLICY, one token off; "
-                        "use owner[:, 1:] == POLICY; see RLG001")
-            elif t > 2 and torch.equal(got[:, :-1], o[:, 2:] == self.policy_role):
-                hint = "mask shifted one token left (owner[:, 2:]); use owner[:, 1:] == POLICY; see RLG001"
-            else:
-                hint = "the mask must be exactly owner[:, 1:] == POLICY (policy-written tokens of ids[:, 1:]); see RLG001"
+            return self._fail(f"shape {tuple(x.shape)}, but {self._name('owner')} {tuple(o.shape)} needs "
+                              f"({b}, {t - 1})", x, call, hint)
+        if _no_values(x, o):
+            return None
+        want = o[:, 1:] == self.policy_role
+        got = x.detach() != 0
+        return Probe(((want != got).any()), lambda h: self._explain(x, o, call) if h[0] else None)
+
+    def _explain(self, x: torch.Tensor, o: torch.Tensor, call: Call) -> Violation:
+        t = o.shape[1]
+        want = o[:, 1:] == self.policy_role
+        got = x.detach() != 0
+        diff = want ^ got
+        count = int(diff.sum())
+        r, c = torch.nonzero(diff)[0].tolist()
+        if torch.equal(got, o[:, :-1] == self.policy_role):
+            hint = ("mask aligned to ids, not ids[:, 1:]: it equals owner[:, :-1] == POLICY, one token off; "
+                    "use owner[:, 1:] == POLICY; see RLG001")
+        elif t > 2 and torch.equal(got[:, :-1], o[:, 2:] == self.policy_role):
+            hint = "mask shifted one token left (owner[:, 2:]); use owner[:, 1:] == POLICY; see RLG001"
+        else:
+            hint = "the mask must be exactly owner[:, 1:] == POLICY (policy-written tokens of ids[:, 1:]); see RLG001"
         return self._fail(f"{count} positions differ from owner[:, 1:] == {self.policy_role} "
                           f"(first: row {r}, column {c}: mask {bool(got[r, c])}, policy-owned {bool(want[r, c])})",
                           x, call, hint)
 
 
-def _valid(call: Call, mask: str | None, like: torch.Tensor) -> torch.Tensor | None:
-    m = call.values.get(mask) if mask else None
+def _valid(m: Any, like: torch.Tensor) -> torch.Tensor | None:
     if isinstance(m, torch.Tensor) and m.shape == like.shape:
-        return m.detach() != 0
+        return m if m.dtype == torch.bool else m != 0  # a comparison carries no autograd history
     return None
 
 
 class SamplerConsistent(Marker):
     """RLG007: at the first minibatch of an update (no step yet), these log-probs equal the sampler's.
 
-    ``sampler``: the parameter holding the sampler's stored log-probs (``old_logp``); ``tol``: max absolute
-    gap on valid tokens (fp32 default 1e-4; a bf16 sampler needs ~1e-2); ``mask``: the parameter of the action
-    mask (only masked-in tokens count). Needs an active :class:`Guard` inside ``guard.update()``.
+    ``sampler``: the parameter (or sibling batch key) holding the sampler's stored log-probs (``old_logp``);
+    ``mask``: the action mask's (only masked-in tokens count). A token passes when
+    ``|logp - sampler| <= tol + rtol * |sampler|``; defaults: ``tol`` 1e-4, ``rtol`` twice the epsilon of the less
+    precise of the two dtypes (float32: 2.4e-7, negligible; bfloat16: 0.016, the rounding of a stored bf16 log-prob).
+    A sampler that computes in bf16 but stores float32 needs ``tol`` of about 2e-2. Needs an active
+    :class:`Guard` inside ``guard.update()``.
     """
 
     code = "RLG007"
     value_check = True
     needs_guard = True
 
-    def __init__(self, sampler: str = "old_logp", tol: float = 1e-4, mask: str | None = None) -> None:
+    def __init__(self, sampler: str = "old_logp", tol: float | None = None, mask: str | None = None,
+                 rtol: float | None = None) -> None:
         self.sampler = sampler
-        self.tol = tol
+        self.tol = _tolerance(tol, "tol", "SamplerConsistent")
         self.mask = mask
+        self.rtol = _tolerance(rtol, "rtol", "SamplerConsistent")
 
     def _bind(self, site: Site) -> None:
-        self._param(site, self.sampler, "sampler")
-        self._param(site, self.mask, "mask")
+        self._ref(site, self.sampler, "sampler")
+        self._ref(site, self.mask, "mask")
 
-    def needs(self) -> tuple[str, ...]:
-        return tuple(n for n in (self.sampler, self.mask) if n)
+    def _limits(self, a: torch.Tensor, b: torch.Tensor) -> tuple[float, float]:
+        atol = 1e-4 if self.tol is None else self.tol
+        rtol = 2 * eps_of(a.dtype, b.dtype) if self.rtol is None else self.rtol
+        return atol, rtol
 
-    def check(self, x: Any, call: Call) -> Violation | None:
+    def probe(self, x: Any, call: Call) -> Probe | Violation | None:
         g = call.guard
-        s = call.values.get(self.sampler)
-        if (g is None or not g.in_update or g.steps_in_update != 0 or not isinstance(x, torch.Tensor)
-                or not isinstance(s, torch.Tensor) or s.shape != x.shape):
+        if g is None or not g.in_update or g.steps_in_update != 0 or not isinstance(x, torch.Tensor):
+            return None
+        s = self._get(call, "sampler")
+        if not isinstance(s, torch.Tensor) or s.shape != x.shape:
             return None
         if not g.once((call.function, self._argument, "sampler")) and not call.value_due:
             return None
-        with torch.no_grad():
-            gap = (x.detach().double() - s.detach().double()).abs()
-            valid = _valid(call, self.mask, x)
-            if valid is not None:
-                gap = torch.where(valid, gap, torch.zeros((), dtype=gap.dtype, device=gap.device))
-                n_valid = int(valid.sum())
-            else:
-                n_valid = gap.numel()
-            if n_valid == 0:
-                return None
-            worst = float(gap.max())
-            if worst <= self.tol:
-                return None
-            at = tuple(torch.nonzero(gap == gap.max())[0].tolist())
-            mean = float(gap.sum()) / n_valid
+        m = self._get(call, "mask")
+        wrong_device = self._devices(call, x, sampler=s, mask=m)
+        if wrong_device is not None:
+            return wrong_device
+        if _no_values(x, s, m):
+            return None
+        atol, rtol = self._limits(x, s)
+        sd = s.detach()
+        bad = (x.detach() - sd).abs_() > sd.abs().mul_(rtol).add_(atol)
+        valid = _valid(m, x)
+        if valid is not None:
+            bad &= valid
+        return Probe((bad.any()), lambda h: self._explain(x, s, valid, call) if h[0] else None)
+
+    def _explain(self, x: torch.Tensor, s: torch.Tensor, valid: torch.Tensor | None, call: Call) -> Violation:
+        atol, rtol = self._limits(x, s)
+        gap = (x.detach().double() - s.detach().double()).abs()
+        if valid is not None:
+            gap = torch.where(valid, gap, torch.zeros((), dtype=gap.dtype, device=gap.device))
+            n_valid = int(valid.sum())
+        else:
+            n_valid = gap.numel()
+        worst = float(gap.max())
+        at = tuple(torch.nonzero(gap == gap.max())[0].tolist())
+        mean = float(gap.sum()) / max(n_valid, 1)
+        limit = f"tol {atol:g}" + (f" + {rtol:.2g} x |{self._name('sampler')}|" if rtol >= 1e-6 else "")
         return self._fail(
-            f"max |{self._argument} - {self.sampler}| = {worst:.4g} at {at} (mean {mean:.3g} over {n_valid} "
-            f"valid tokens) before the first optimizer step of the update; the PPO ratio must start at 1 "
-            f"(tol {self.tol:g})", x, call,
+            f"max |{self._argument} - {self._name('sampler')}| = {worst:.4g} at {at} (mean {mean:.3g} over "
+            f"{n_valid} valid tokens) before the first optimizer step of the update; the PPO ratio must start at 1 "
+            f"({limit})", x, call,
             "the sampler's distribution differs from the trainer's: another temperature (logits not divided "
             "by it), precision (bf16 sampler: raise tol) or top-p/top-k; or a label shift (RLG012); see RLG007")
 
@@ -382,87 +736,170 @@ class SamplerConsistent(Marker):
 class Frozen(Marker):
     """RLG002: old log-probs are frozen within an update.
 
-    ``key``: a parameter whose rows identify the samples (``"ids"``): each row's fingerprint must stay the same
-    every time the same row is seen again in the update (minibatches, epochs). ``current``: the parameter of
-    the log-probs computed now (``"logp"``): after the update's first optimizer step they must differ from
-    these old log-probs somewhere (a ratio exactly 1 everywhere means old_logp was recomputed). ``mask``:
-    the action mask's parameter, to compare valid tokens only. Needs an active :class:`Guard` in an update.
+    ``key``: a parameter (or sibling batch key) whose rows identify the samples (``"ids"``): every time a row is
+    seen again in the update (minibatches, epochs), its values must be the same as before. Rows are identified by
+    a hash of their bits (``row_hashes``: 2^-80 per pair of different rows, so no false alarm for distinct
+    episodes of any vocabulary) and compared exactly (``rtol=None``) or, with ``rtol``, by their float64 sums
+    within ``rtol``. An exact duplicate episode (the same ids) counts as another row when
+    it first appears before the update's first optimizer step or twice in one call. ``current``: the log-probs
+    computed now (``"logp"``): after the update's first optimizer step they must differ from these old log-probs
+    somewhere (a ratio exactly 1 everywhere means old_logp was recomputed). ``mask``: the action mask, to compare
+    valid tokens only. Needs an active :class:`Guard` in an update.
     """
 
     code = "RLG002"
     value_check = True
     needs_guard = True
 
-    def __init__(self, current: str | None = None, key: str | None = None, mask: str | None = None,
-                 rtol: float = 1e-9) -> None:
+    def __init__(self, current: str | None = None, key: str | tuple[str, ...] | None = None,
+                 mask: str | None = None, rtol: float | None = None) -> None:
         self.current = current
         self.key = key
         self.mask = mask
-        self.rtol = rtol
+        self.rtol = _tolerance(rtol, "rtol", "Frozen")
+
+    def _keys(self) -> tuple[str, ...]:
+        if self.key is None:
+            return ()
+        return (self.key,) if isinstance(self.key, str) else tuple(self.key)
 
     def _bind(self, site: Site) -> None:
         if self.current is None and self.key is None:
             raise ContractDefinitionError(
                 f"{site.function}(): Frozen on {site.argument!r} needs current= (the parameter of the fresh "
-                "log-probs, e.g. 'logp') and/or key= (a parameter identifying the rows, e.g. 'ids')")
-        self._param(site, self.current, "current")
-        self._param(site, self.key, "key")
-        self._param(site, self.mask, "mask")
+                "log-probs, e.g. 'logp') and/or key= (a parameter identifying the rows, e.g. 'ids', or several: "
+                "('prompt_ids', 'completion_ids'))")
+        if self.key is not None and not (isinstance(self.key, str) or (
+                isinstance(self.key, tuple) and self.key and all(isinstance(k, str) for k in self.key))):
+            raise ContractDefinitionError(
+                f"{site.function}(): Frozen(key={self.key!r}) on {site.argument!r}: key is a name or a tuple of "
+                "names")
+        for i, k in enumerate(self._keys()):
+            self._ref(site, k, f"key{i}" if i else "key")
+        self._ref(site, self.current, "current")
+        self._ref(site, self.mask, "mask")
 
-    def needs(self) -> tuple[str, ...]:
-        return tuple(n for n in (self.current, self.key, self.mask) if n)
-
-    def check(self, x: Any, call: Call) -> Violation | None:
+    def probe(self, x: Any, call: Call) -> Probe | Violation | None:
         g = call.guard
         if g is None or not g.in_update or not isinstance(x, torch.Tensor):
             return None
-        if self.key is not None and call.value_due:
-            v = self._check_rows(x, call, g)
-            if v is not None:
-                return v
-        c = call.values.get(self.current) if self.current else None
-        if (isinstance(c, torch.Tensor) and c.shape == x.shape and g.steps_in_update > 0
-                and (g.once((call.function, self._argument, "ratio")) or call.value_due)):
-            with torch.no_grad():
-                differs = x.detach() != c.detach()
-                valid = _valid(call, self.mask, x)
-                if valid is not None:
-                    differs &= valid
-                    n_valid = int(valid.sum())
-                else:
-                    n_valid = x.numel()
-                if n_valid and not bool(differs.any()):
+        ratio = self.current is not None and g.steps_in_update > 0 and (call.function, self._argument,
+                                                                          "ratio") not in g._done
+        rows = self.key is not None and call.value_due
+        if not (ratio or rows):
+            return None
+        c = self._get(call, "current") if ratio else None
+        ratio = ratio and isinstance(c, torch.Tensor) and c.shape == x.shape and g.once(
+            (call.function, self._argument, "ratio"))
+        keys = [self._get(call, f"key{i}" if i else "key") for i in range(len(self._keys()))] if rows else []
+        rows = rows and x.dim() >= 1 and all(isinstance(k, torch.Tensor) and k.dim() >= 1
+                                             and k.shape[0] == x.shape[0] for k in keys)
+        if rows and sum(_word_count(t) for t in keys + [x]) > _MAX_WORDS:
+            _note_once(call.function, self._argument, f"Frozen(key=...) on {call.function}({self._argument}): "
+                       f"rows of more than {_MAX_WORDS} 16-bit words are not fingerprinted (the float64 hash "
+                       "would round); the current= check still runs")
+            rows = False
+        if not (ratio or rows):
+            return None
+        m = self._get(call, "mask")
+        others = {"current": c if ratio else None, "mask": m}
+        others.update({f"key{i}" if i else "key": k for i, k in enumerate(keys if rows else [])})
+        wrong_device = self._devices(call, x, **others)
+        if wrong_device is not None:
+            return wrong_device
+        if _no_values(x, *others.values()):
+            return None
+        xd = x.detach()
+        valid = _valid(m, x)
+        parts = []
+        if ratio:
+            differs = xd != c.detach()
+            if valid is not None:
+                differs &= valid
+            parts.append(torch.stack([differs.any(), valid.any() if valid is not None else differs.new_ones(())]))
+        n = xd.shape[0]
+        if rows:
+            layout = [(k.detach(), KEY_COLUMNS, None) for k in keys]
+            layout.append((xd, VALUE_COLUMNS, valid))
+            parts.append(row_hashes(layout))
+            if self.rtol is not None:
+                parts.append(xd.reshape(n, -1).sum(dim=1, dtype=torch.float64))
+        payload = torch.cat([p.reshape(-1) for p in parts]) if len(parts) > 1 else parts[0].view(-1)
+        widths = tuple(c for _, c, _ in layout) if rows else ()
+        length = tuple(_word_count(t) for t, _, _ in layout) if rows else None
+
+        def finish(h: list[float]) -> Violation | None:
+            at = 0
+            if ratio:
+                any_differs, any_valid = h[0], h[1]
+                at = 2
+                if any_valid and not any_differs:
+                    n_valid = int(valid.sum()) if valid is not None else xd.numel()
                     return self._fail(
-                        f"equals {self.current} exactly on all {n_valid} valid tokens after "
+                        f"equals {self._name('current')} exactly on all {n_valid} valid tokens after "
                         f"{g.steps_in_update} optimizer step(s) in this update: the PPO ratio is 1 everywhere "
                         "and clipping never acts", x, call,
                         f"{self._argument} recomputed from the current weights inside the minibatch/epoch loop? "
                         "Compute it once per rollout, before the loop, and reuse it; see RLG002")
-        return None
-
-    def _check_rows(self, x: torch.Tensor, call: Call, g: Any) -> Violation | None:
-        ids = call.values.get(self.key)
-        if not isinstance(ids, torch.Tensor) or ids.dim() < 1 or x.dim() < 1 or ids.shape[0] != x.shape[0]:
+            if rows:
+                kc, vc = sum(widths[:-1]), widths[-1]
+                width = kc + vc
+                hashes = h[at:at + n * width]
+                keys = [tuple(hashes[i * width:i * width + kc]) for i in range(n)]
+                values = [tuple(hashes[i * width + kc:(i + 1) * width]) for i in range(n)]
+                sums = h[at + n * width:at + n * width + n] if self.rtol is not None else values
+                return self._compare_rows(x, valid, call, g, length, keys, values, sums)
             return None
-        with torch.no_grad():
-            keys = _row_keys(ids.detach()).tolist()
-            fps = _row_values(x.detach()).tolist()
-        store = g.frozen_rows(call.function, self._argument)
+
+        return Probe(payload, finish)
+
+    def _compare_rows(self, x: torch.Tensor, valid: torch.Tensor | None, call: Call, g: Any,
+                      length: tuple[int, int], keys: list, values: list, sums: list) -> Violation | None:
+        """Compare each row with what the update saw before under the same key (host-side, Python numbers).
+
+        The store maps a key to the row's value (its hash, or its float64 sum with ``rtol``), or to a list of
+        them for duplicate episodes. A new value for a known key is another row when nothing could have changed
+        the weights yet (no optimizer step in this update) or when the key occurs twice in this very call.
+        """
+        store = g.frozen_rows(call.function, self._argument, length)
+        exact = self.rtol is None
+        cap = _frozen_cap()
         changed = []
-        for k, f in zip(keys, fps):
-            prev = store.get(k)
-            if prev is None:
-                if len(store) < _frozen_cap():
-                    store[k] = f
-            elif abs(prev - f) > self.rtol * max(abs(prev), 1.0):
-                changed.append((k, prev, f))
+        for i, k in enumerate(keys):
+            seen = store.get(k)
+            v = values[i] if exact else sums[i]
+            if seen is None:
+                if len(store) < cap:
+                    store[k] = v
+                continue
+            if (seen == v if exact else self._close(seen, v)) if type(seen) is not list else (
+                    v in seen if exact else any(self._close(t, v) for t in seen)):
+                continue
+            if g.steps_in_update == 0 or keys.count(k) > 1:
+                store[k] = (seen if type(seen) is list else [seen]) + [v]
+                continue
+            changed.append(i)
         if not changed:
             return None
+        i = changed[0]
+        with torch.no_grad():
+            row = x.detach()[i].double()
+            if valid is not None:
+                row = row * valid[i]
+            now = float(row.sum())
+        how = "exactly (a hash of their bits)" if exact else f"within rtol {self.rtol:g} of their sums"
         return self._fail(
-            f"{len(changed)} of {len(keys)} rows seen earlier in this update (same {self.key}) now have "
-            f"different values (first row's fingerprint {changed[0][1]:.4g} -> {changed[0][2]:.4g})", x, call,
+            f"{len(changed)} of {len(keys)} rows seen earlier in this update (same {self._key_names()}) now have "
+            f"different values, compared {how} (first: row {i} of this call, whose values now sum to {now:.6g})",
+            x, call,
             f"{self._argument} recomputed inside the update loop (from weights a step has changed)? Compute it "
             "once per rollout and reuse it in every minibatch and epoch; see RLG002")
+
+    def _key_names(self) -> str:
+        return ", ".join(self._name(f"key{i}" if i else "key") for i in range(len(self._keys())))
+
+    def _close(self, a: float, b: float) -> bool:
+        return abs(a - b) <= self.rtol * max(abs(a), abs(b), 1e-300)
 
 
 def _frozen_cap() -> int:
@@ -471,71 +908,49 @@ def _frozen_cap() -> int:
     return FROZEN_ROWS_CAP
 
 
-_WEIGHTS: dict[tuple[int, str, bool], torch.Tensor] = {}
-
-
-def _weights(n: int, device: torch.device, integer: bool) -> torch.Tensor:
-    """Fixed, deterministic per-position weights (no RNG); a small bounded cache."""
-    key = (n, str(device), integer)
-    w = _WEIGHTS.get(key)
-    if w is None:
-        if len(_WEIGHTS) > 32:
-            _WEIGHTS.clear()
-        pos = torch.arange(n, dtype=torch.int64)
-        if integer:
-            w = (pos * 2654435761 + 97) % 1000003 + 1
-        else:
-            w = 1.0 + (pos % 13).double() / 13.0
-        w = w.to(device)
-        _WEIGHTS[key] = w
-    return w
-
-
-def _row_keys(ids: torch.Tensor) -> torch.Tensor:
-    flat = ids.reshape(ids.shape[0], -1).long()
-    return (flat * _weights(flat.shape[1], flat.device, True)).sum(dim=1)
-
-
-def _row_values(x: torch.Tensor) -> torch.Tensor:
-    flat = x.reshape(x.shape[0], -1).double()
-    return (flat * _weights(flat.shape[1], flat.device, False)).sum(dim=1)
-
-
 class DistinctReference(Marker):
-    """RLG008 on a reference-model argument: not the policy, no shared storage (through DDP,
-    ``torch.compile``, PEFT-style wrappers), not in the optimizer.
+    """RLG008: the reference model is not the policy, shares no storage with it (through DDP,
+    ``torch.compile``, PEFT-style wrappers), and is not in the optimizer.
 
-    ``policy``/``optimizer``: parameter names; default: the active guard's policy and optimizer. The identity
-    check runs on every call; the storage and optimizer checks with the value checks (``check_every``).
+    On a reference-model argument (``ref: Annotated[nn.Module, DistinctReference()]``), or anywhere with
+    ``reference=`` naming it (``DistinctReference(reference="self.ref_model", policy="self.model")`` on ``self``).
+    ``policy``/``optimizer``: parameters, batch keys or dotted paths; default: the active guard's policy and
+    optimizer. The identity check runs on every call; the storage and optimizer checks with the value checks
+    (``check_every``).
     """
 
     code = "RLG008"
 
-    def __init__(self, policy: str | None = None, optimizer: str | None = None) -> None:
+    def __init__(self, policy: str | None = None, optimizer: str | None = None,
+                 reference: str | None = None) -> None:
         self.policy = policy
         self.optimizer = optimizer
+        self.reference = reference
+
+    def _applies(self, site: Site) -> str:
+        return "any" if self.reference is not None else "object"
 
     def _bind(self, site: Site) -> None:
-        self._param(site, self.policy, "policy")
-        self._param(site, self.optimizer, "optimizer")
-
-    def needs(self) -> tuple[str, ...]:
-        return tuple(n for n in (self.policy, self.optimizer) if n)
+        self._ref(site, self.policy, "policy")
+        self._ref(site, self.optimizer, "optimizer")
+        self._ref(site, self.reference, "reference")
 
     def check(self, x: Any, call: Call) -> Violation | None:
         from rlguard.contracts.guard import REFERENCE_HINT, reference_problems
 
         g = call.guard
-        pol = call.values.get(self.policy) if self.policy else (g.policy if g is not None else None)
-        opt = call.values.get(self.optimizer) if self.optimizer else (g.optimizer if g is not None else None)
-        if pol is None or x is None:
+        ref = self._get(call, "reference") if self.reference is not None else x
+        pol = self._get(call, "policy") if self.policy else (g.policy if g is not None else None)
+        opt = self._get(call, "optimizer") if self.optimizer else (g.optimizers if g is not None else None)
+        if pol is None or ref is None:
             return None
-        problems = reference_problems(x, pol, opt, full=call.value_due)
+        problems = reference_problems(ref, pol, opt, full=call.value_due)
         if not problems:
             return None
-        return Violation(self.code, self._function, self._argument,
-                         format_message(self.code, self._function, self._argument, problems[0],
-                                        got=type(x).__name__, hint=REFERENCE_HINT))
+        argument = self._name("reference") if self.reference is not None else self._argument
+        return Violation(self.code, self._function, argument,
+                         format_message(self.code, self._function, argument, problems[0],
+                                        got=type(ref).__name__, hint=REFERENCE_HINT))
 
 
 def as_marker(obj: Any) -> Marker | None:

@@ -22,16 +22,28 @@ PENDING_CAP = 16  # violations held between synchronised calls (the first ones a
 logger = logging.getLogger("rlguard.contracts")
 
 
+_MODE_ALIASES = {"": "raise", "on": "raise", "1": "raise", "true": "raise", "0": "off", "false": "off",
+                 "none": "off", "disable": "off", "disabled": "off"}
+
+
+def parse_mode(raw: object) -> str | None:
+    """``"raise"``, ``"warn"`` or ``"off"`` from what ``RLGUARD`` accepts (any case, ``on``/``1``/``true``,
+    ``0``/``false``/``none``/``disable(d)``); ``None`` for anything else."""
+    if not isinstance(raw, str):
+        return None
+    text = raw.strip().lower()
+    if text in MODES:
+        return text
+    return _MODE_ALIASES.get(text)
+
+
 def _mode_from_env() -> str:
-    raw = os.environ.get("RLGUARD", "").strip().lower()
-    if raw in ("", "on", "1", "true"):
+    raw = os.environ.get("RLGUARD", "")
+    parsed = parse_mode(raw)
+    if parsed is None:
+        logger.warning("RLGUARD=%r is not one of %s; using 'raise'", raw, "/".join(MODES))
         return "raise"
-    if raw in ("0", "false", "none", "disable", "disabled"):
-        return "off"
-    if raw in MODES:
-        return raw
-    logger.warning("RLGUARD=%r is not one of %s; using 'raise'", raw, "/".join(MODES))
-    return "raise"
+    return parsed
 
 
 def _sync_from_env() -> str:
@@ -65,10 +77,14 @@ STATE = _State()
 
 
 def set_mode(new: str) -> None:
-    """Set the process-wide mode: ``"raise"`` (default), ``"warn"`` (log once per code and place), ``"off"``."""
-    if new not in MODES:
-        raise ValueError(f"rlguard mode must be one of {MODES}, got {new!r}")
-    STATE.mode = new
+    """Set the process-wide mode: ``"raise"`` (default), ``"warn"`` (log once per code and place), ``"off"``.
+
+    Accepts what the ``RLGUARD`` environment variable accepts (``"WARN"``, ``"on"``, ``"0"``, ...)."""
+    parsed = parse_mode(new)
+    if parsed is None:
+        raise ValueError(f"rlguard mode must be one of {MODES} (any case; also on/1/true, off/0/false/none), "
+                         f"got {new!r}")
+    STATE.mode = parsed
 
 
 def get_mode() -> str:

@@ -84,9 +84,14 @@ def _parse_symbolic(text: str, where: str) -> SymExpr:
         elif isinstance(node, ast.Constant):
             if type(node.value) is not int:
                 raise ContractDefinitionError(f"{where}: dim {text!r}: only int constants are allowed")
-        elif isinstance(node, (ast.BinOp, ast.UnaryOp)):
+        elif isinstance(node, ast.UnaryOp):
+            # "-T", "T--1", "T+-1": jaxtyping reads them as expressions, but a signed term is a typo for T-1/T+1
+            raise ContractDefinitionError(
+                f"{where}: invalid dim {text!r}: a sign in front of a name or number is not a dim size; write "
+                "binary expressions such as 'T-1', 'T+1', '2*T'")
+        elif isinstance(node, ast.BinOp):
             op = node.op
-            if not isinstance(op, _ALLOWED_OPS + (ast.USub,)):
+            if not isinstance(op, _ALLOWED_OPS):
                 raise ContractDefinitionError(
                     f"{where}: dim {text!r}: unsupported operator {type(op).__name__}; use + - * //")
         elif not isinstance(node, (ast.Expression, ast.Load, ast.operator, ast.unaryop)):
@@ -176,6 +181,10 @@ class TensorSpec:
                 self.plain_names.add(self.variadic)
                 continue
             if type(d) is _FixedDim:
+                if d.size < 0:
+                    raise ContractDefinitionError(
+                        f"{where}: invalid dim {d.size} in {self.dim_str!r}: sizes are >= 0 (dims are separated by "
+                        "spaces, so 'B -1' is the two dims 'B' and '-1'; write 'B T-1' for one less than T)")
                 ops.append((axis, FIXED, d.size, d.broadcastable))
             elif type(d) is _NamedDim:
                 if d.treepath:

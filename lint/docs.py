@@ -84,6 +84,10 @@ def render_page(code: str) -> str:
                     "([docs/contracts.md](../contracts.md)) and in the preflight suite that performs one real "
                     "update on a copy of your model (`rlguard check`, [docs/preflight.md](../preflight.md)). "
                     f"A violation there carries the same code, `{code}`.", ""]
+            from rlguard.rule_docs import RUNTIME
+
+            if code in RUNTIME:
+                out += [" ".join(inspect.cleandoc(RUNTIME[code]).split()), ""]
     if not _has(body, "Suppression"):
         out += ["## Suppression", ""]
         if rule is not None:

@@ -21,7 +21,9 @@ Required
 ``action_mask(batch) -> [B, T-1]``          the trainer's loss mask.
 ``advantages(batch) -> [B]``                the trainer's advantages.
 ``loss(model, batch, rows, ref_model=None, term="total") -> scalar``
-                                            the loss of ``rows`` in one pass, normalised as one minibatch.
+                                            the loss of ``rows`` (a 1-D long tensor of row indices) in one pass,
+                                            normalised as one minibatch; with a ``ref_model``, reference
+                                            log-probs recomputed from it (never the batch's stored ones).
                                             ``term``: ``"total"``; ``"entropy"`` / ``"kl"``: only that term as
                                             it enters the loss (its sign and coefficient), or ``None`` when the
                                             trainer has no such term.
@@ -37,7 +39,8 @@ Required
 Optional (the check is skipped without it)
 ------------------------------------------
 ``trainable_names(model) -> set[str]``      parameters meant to train (default: those with requires_grad
-                                            on the model ``build_model`` returns).
+                                            on the model ``build_model`` returns, read before any trainer
+                                            code runs on it).
 ``pad_batch(batch, extra) -> batch``        the same batch with ``extra`` columns of right padding (default:
                                             pads every tensor of a dict batch whose dim 1 is T or T-1).
 ``save(model, path)`` / ``load(path) -> model``  (default: ``state_dict`` into ``build_model()``).

@@ -48,6 +48,9 @@ class Context:
         self.adapter = adapter
         self.seed = seed
         self.model = adapter.build_model()
+        # what the model declared trainable when it was built, before any trainer code ran on it (a faulty
+        # trainer may switch requires_grad on itself): the default intended set of frozen_params
+        self.declared_trainable = {n for n, p in self.model.named_parameters() if p.requires_grad}
         self.batch = adapter.make_batch(self.model, seed)
         self.ids = adapter.token_ids(self.batch)
         self.owned = adapter.policy_tokens(self.batch)[:, 1:].bool()  # [B, T-1] tokens the policy wrote
@@ -249,30 +252,57 @@ def check_kl_direction(ctx: Context) -> CheckResult:
     return _result("kl_direction", after - before, "< 0", after < before)
 
 
-def check_grads_zeroed(ctx: Context) -> CheckResult:
-    clean = ctx.stepped["model"]
+def _update_from(ctx: Context, stale_grads: bool):
+    """One update on a fresh copy, the global RNG seeded the same way each time; ``stale_grads``: every trainable
+    parameter starts with a random ``.grad``, as if the previous update had left its gradients behind."""
     model = ctx.fresh()
     ref_model = ctx.adapter.make_reference(model)
     optimizer = ctx.adapter.make_optimizer(model)
-    gen = torch.Generator().manual_seed(ctx.seed + 1)
-    for p in model.parameters():  # stale gradients left over from "the previous update"
-        if p.requires_grad:
-            p.grad = torch.randn(p.shape, generator=gen).to(p)
-    ctx.adapter.update(model, optimizer, ref_model, ctx.batch)
-    diff = max(float((a.detach().float() - b.detach().float()).abs().max())
-               for a, b in zip(model.parameters(), clean.parameters()))
+    if stale_grads:
+        gen = torch.Generator().manual_seed(ctx.seed + 1)
+        for p in model.parameters():
+            if p.requires_grad:
+                p.grad = torch.randn(p.shape, generator=gen).to(p)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(ctx.seed)
+        ctx.adapter.update(model, optimizer, ref_model, ctx.batch)
+    return model
+
+
+def _max_diff(a, b) -> float:
+    return max((float((x.detach().float() - y.detach().float()).abs().max()) for x, y in
+                zip(a.parameters(), b.parameters()) if x.numel()), default=0.0)
+
+
+def check_grads_zeroed(ctx: Context) -> CheckResult:
+    clean = _update_from(ctx, stale_grads=False)
+    again = _update_from(ctx, stale_grads=False)
+    drift = _max_diff(clean, again)
+    if drift != 0:  # the control failed: a difference with stale gradients would prove nothing
+        return _result("grads_zeroed", drift, "== 0", False,
+                       f"update() is not deterministic across calls: two clean updates of the same model and batch "
+                       f"differ by {drift:.3g}, so stale gradients cannot be told apart (not a zero_grad problem). "
+                       "Likely a generator or other state shared across calls (a shuffle generator the adapter "
+                       "keeps, a global counter): seed it from the batch or create it in update()")
+    diff = _max_diff(_update_from(ctx, stale_grads=True), clean)
     return _result("grads_zeroed", diff, "== 0", diff == 0)
 
 
 def check_frozen_params(ctx: Context) -> CheckResult:
     if hasattr(ctx.adapter, "trainable_names"):
         intended = set(ctx.adapter.trainable_names(ctx.model))
+        source = "trainable_names"
     else:
-        intended = {n for n, p in ctx.model.named_parameters() if p.requires_grad}
+        intended = ctx.declared_trainable
+        source = "the model's requires_grad when built"
     before = ctx.stepped["before"]
     after = _state(ctx.stepped["model"])
     drifted = sorted(n for n in before if n not in intended and not torch.equal(before[n], after[n].detach()))
-    hint = f"changed but meant to stay frozen: {', '.join(drifted[:4])}" if drifted else ""
+    hint = f"changed but meant to stay frozen ({source}): {', '.join(drifted[:4])}" if drifted else ""
+    if not drifted and not hasattr(ctx.adapter, "trainable_names") and intended >= {
+            n for n, _ in ctx.model.named_parameters()}:
+        hint = ("every parameter was trainable when build_model returned it; if the trainer freezes parts "
+                "itself, give the adapter trainable_names(model) so that this check knows which")
     return _result("frozen_params", len(drifted), "== 0", not drifted, hint)
 
 

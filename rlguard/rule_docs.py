@@ -43,7 +43,8 @@ PAGES: dict[str, str] = {
     """,
     "RLG014": """
         ## What it is
-        No static check: caught at run time by the preflight suite (`rlguard check`, see
+        No static check: caught at run time by the runtime contracts' `Guard` on every optimizer step (see
+        [docs/contracts.md](../contracts.md)), and before the run by the preflight suite (`rlguard check`, see
         [docs/preflight.md](../preflight.md)), which performs one real update on a copy of your model and
         compares every parameter and buffer before and after. Parameters outside the intended trainable set
         (a frozen backbone or embedding, the reference model, a reward or value normaliser) must be
@@ -59,9 +60,9 @@ PAGES: dict[str, str] = {
 
         ## Example
         ```python
-        model.pos_emb.requires_grad_(False)                      # meant to stay frozen
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-5)     # ...but every parameter is in the optimizer
-        # with weight decay, AdamW still moves pos_emb even with no gradient
+        model.pos_emb.requires_grad_(False)                      # meant to stay frozen...
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-5)     # ...harmless while it gets no gradient, but
+        model.requires_grad_(True)                               # a later "unfreeze everything" trains it
         ```
 
         ## Use instead
@@ -71,10 +72,13 @@ PAGES: dict[str, str] = {
 
         ## Fix
         No automatic fix, and no lint rule: which parameters are meant to train is a decision the code does not
-        state in one place. The preflight report lists the parameters that changed and should not have.
+        state in one place. The Guard's and the preflight report's messages list the parameters that changed
+        and should not have.
 
         ## Options
-        The preflight adapter declares the intended trainable set (see [docs/preflight.md](../preflight.md)).
+        `Guard(..., frozen=...)` names the frozen set (names, prefixes or a predicate; default: the
+        parameters with `requires_grad=False` when the Guard is built); the preflight adapter declares the
+        intended trainable set with `trainable_names` (see [docs/preflight.md](../preflight.md)).
     """,
     "RLG015": """
         ## What it is
@@ -209,5 +213,30 @@ PAGES: dict[str, str] = {
         ## Suppression
         Cannot be silenced by `# noqa` or `ignore`: it means the file was not fully checked. Exclude the file
         (`exclude` in `[tool.rlguard]`) to stop checking it at all.
+    """,
+}
+
+
+# More about each code's runtime counterpart than the catalog's one line: appended to the page's
+# "Runtime counterpart" section by rlguard.lint.docs.render_page.
+RUNTIME: dict[str, str] = {
+    "RLG013": """
+        The contracts' `Guard` checks it at every `optimizer.step()` it hooks
+        (`Guard(policy=model, optimizer=opt)`, one optimizer or a list): after each step it records the
+        identity and version counter of a few parameters' `.grad` (no gradient is written, and values are read
+        only when a gradient looks untouched), and at the first backward that reaches them afterwards sees
+        whether they were zeroed or set to `None`. A stale
+        gradient is reported before the next step runs, so that step never applies it; gradient accumulation
+        over the microbatches of one step is not affected. See [docs/contracts.md](../contracts.md), "The
+        guard".
+    """,
+    "RLG014": """
+        The contracts' `Guard(..., frozen=...)` checks it at every `optimizer.step()` it hooks: at
+        construction, frozen parameters that are in an optimizer's param groups and require grad; before
+        each step, frozen parameters holding a gradient in the stepping optimizer's groups (reported before
+        the step changes them, also for fused optimizers); after each step, the frozen set's version
+        counters; and on the Guard's `check_every` cadence a float64 norm per frozen tensor, against the
+        previous one (writes that bypass version counters: `.data`, fused kernels). See
+        [docs/contracts.md](../contracts.md), "The guard".
     """,
 }

@@ -1,9 +1,11 @@
-"""A tiny GRPO trainer decorated with rlguard contracts, shared by the contracts tests."""
+"""Tiny GRPO trainers decorated with rlguard contracts, shared by the contracts tests: a functional one
+(``train``), a class-based one that passes dict batches (``DictGRPOTrainer``), and a host-sync counter."""
 
 from __future__ import annotations
 
 import copy
-from typing import Annotated
+from dataclasses import dataclass, replace
+from typing import Annotated, Optional
 
 import torch
 from torch import nn
@@ -11,6 +13,8 @@ from torch import nn
 from rlguard.contracts import (
     ActionMask,
     Advantages,
+    Batch,
+    DistinctReference,
     Finite,
     Frozen,
     GroupCentred,
@@ -22,6 +26,7 @@ from rlguard.contracts import (
     MatchesOwner,
     NoGrad,
     Owner,
+    Rewards,
     SamplerConsistent,
     TokenIds,
     contract,
@@ -142,3 +147,191 @@ class _null:
 
     def __exit__(self, *a: object) -> None:
         return None
+
+
+class HostSyncs:
+    """Counts the calls that read tensor values on the host (each a device synchronisation on a GPU) while it is
+    active: ``.item()``, ``.tolist()``, ``bool()``/``int()``/``float()``/index of a tensor, ``.cpu()``,
+    ``.numpy()``, ``torch.equal``, ``nonzero``. A ``TorchFunctionMode``, so it counts them on CPU too."""
+
+    NAMES = {"item", "tolist", "__bool__", "__int__", "__float__", "__index__", "cpu", "numpy", "equal", "nonzero",
+             "allclose", "is_nonzero"}
+
+    def __init__(self) -> None:
+        from torch.overrides import TorchFunctionMode
+
+        counter = self
+
+        class _Mode(TorchFunctionMode):
+            def __torch_function__(self, func, types, args=(), kwargs=None):
+                name = getattr(func, "__name__", "")
+                if name in HostSyncs.NAMES:
+                    counter.calls.append(name)
+                return func(*args, **(kwargs or {}))
+
+        self.calls: list[str] = []
+        self._mode = _Mode()
+
+    @property
+    def count(self) -> int:
+        return len(self.calls)
+
+    def __enter__(self) -> "HostSyncs":
+        self.calls.clear()
+        self._mode.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._mode.__exit__(*exc)
+
+
+# -- a class-based GRPO trainer that keeps its tensors in dicts (TRL style), contracted with Batch specs --------
+
+ROLLOUT = Batch(
+    input_ids=TokenIds,
+    owner=Owner,
+    completion_mask=Annotated[ActionMask, MatchesOwner(owner="owner")],
+    sampler_logps=Annotated[LogProbs, NoGrad(), Finite()],
+    rewards=Annotated[Rewards, Finite()],
+    advantages=Annotated[Advantages, NoGrad(), Finite(), GroupCentred(group_size="self.args.num_generations")],
+    old_per_token_logps=Optional[Annotated[LogProbs, NoGrad(), Finite(),
+                                           Frozen(key="input_ids", mask="completion_mask")]],
+    ref_per_token_logps=Optional[Annotated[LogProbs, NoGrad(), Finite()]],
+)
+
+
+@dataclass(frozen=True)
+class DictArgs:
+    num_generations: int = 4
+    prompts: int = 4
+    beta: float = 0.04
+    epsilon: float = 0.2
+    num_iterations: int = 2
+    steps_per_generation: int = 2
+    gradient_accumulation_steps: int = 2
+    learning_rate: float = 3e-3
+    frozen: tuple[str, ...] = ("pos_emb",)  # what the trainer keeps frozen (its model freezes it when built)
+    fault: str | None = None  # None, or one of DICT_FAULTS
+
+
+DICT_FAULTS = {  # fault -> the code its contract reports
+    "mask_shift": "RLG001",  # completion mask from owner[:, :-1]
+    "stale_old_logp": "RLG002",  # old log-probs recomputed from the current weights in every minibatch
+    "old_logp_with_grad": "RLG003",  # old log-probs computed with autograd on
+    "sampler_temp": "RLG007",  # the sampler runs at another temperature than the trainer
+    "ref_is_policy": "RLG008",  # the KL reference is the policy itself
+    "group_mean_batch": "RLG009",  # one baseline for the whole batch
+    "label_shift": "RLG012",  # log-probs gathered at ids[:, t] from logits[:, t]
+    "no_zero_grad": "RLG013",  # optimizer.zero_grad() skipped between steps
+    "trains_frozen": "RLG014",  # the frozen position embedding made trainable and put in the optimizer
+}
+
+
+class DictGRPOTrainer:
+    """GRPO with TRL-like names whose methods pass one ``inputs`` dict around; every method that sees tensors is
+    contracted through its annotations (no function written for rlguard)."""
+
+    def __init__(self, model: nn.Module, args: DictArgs, seed: int = 0) -> None:
+        from rlguard.reference.task import TaskSpec, make_tasks
+
+        self.model, self.args = model, args
+        self.ref_model = model if args.fault == "ref_is_policy" else copy.deepcopy(model).eval().requires_grad_(False)
+        if args.fault == "trains_frozen":
+            model.requires_grad_(True)  # the fault: "unfreeze everything", the frozen position embedding too
+        self.optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=args.learning_rate)
+        self.generator = torch.Generator().manual_seed(seed)
+        self.spec = TaskSpec()
+        self.tasks, _ = make_tasks(self.spec, n_train=32, n_heldout=0, seed=seed)
+
+    @contract
+    def _compute_advantages(self, rewards: Rewards) -> Annotated[
+            Advantages, NoGrad(), GroupCentred(group_size="self.args.num_generations")]:
+        grouped = rewards.view(-1, self.args.num_generations)
+        if self.args.fault == "group_mean_batch":
+            return (rewards - rewards.mean()) / (rewards.std() + 1e-4)  # noqa: RLG009 - the group_mean_batch fault, injected on purpose
+        return ((grouped - grouped.mean(1, keepdim=True)) / (grouped.std(1, keepdim=True) + 1e-4)).view(-1)
+
+    @contract
+    def _get_per_token_logps(self, model: nn.Module, input_ids: TokenIds) -> Annotated[LogProbs, Finite()]:
+        logits = model(input_ids)
+        if self.args.fault == "label_shift":
+            return torch.log_softmax(logits, -1).gather(-1, input_ids[..., None]).squeeze(-1)  # noqa: RLG012 - the label_shift fault, injected on purpose
+        return torch.log_softmax(logits[:, :-1], -1).gather(-1, input_ids[:, 1:, None]).squeeze(-1)
+
+    @contract(markers={"self": DistinctReference(reference="self.ref_model", policy="self.model",
+                                                 optimizer="self.optimizer")})
+    def generate_and_score(self, prompts: list) -> Annotated[dict, ROLLOUT]:
+        from rlguard.reference.sampling import collate, sample_episodes
+        from rlguard.reference.task import POLICY as PLAYER
+
+        temperature = 0.7 if self.args.fault == "sampler_temp" else 1.0  # the trainer scores at 1.0
+        episodes = sample_episodes(self.model, prompts, self.spec, self.args.num_generations,
+                                   temperature=temperature, generator=self.generator)
+        batch = collate(episodes, self.args.num_generations)
+        owner = batch["owner"]
+        shift = owner[:, :-1] if self.args.fault == "mask_shift" else owner[:, 1:]
+        inputs = {"input_ids": batch["ids"], "owner": owner, "completion_mask": (shift == PLAYER).float(),
+                  "sampler_logps": batch["sampler_logp"], "rewards": batch["rewards"]}
+        inputs["advantages"] = self._compute_advantages(inputs["rewards"])
+        grad = torch.enable_grad() if self.args.fault == "old_logp_with_grad" else torch.no_grad()
+        with grad:
+            inputs["old_per_token_logps"] = self._get_per_token_logps(self.model, inputs["input_ids"])
+        with torch.no_grad():
+            inputs["ref_per_token_logps"] = self._get_per_token_logps(self.ref_model, inputs["input_ids"])
+        return inputs
+
+    @contract
+    def _loss(self, per_token_logps: Annotated[LogProbs, SamplerConsistent(sampler="inputs.sampler_logps",
+                                                                           mask="inputs.completion_mask")],
+              inputs: Annotated[dict, Batch(
+                  completion_mask=ActionMask, advantages=Annotated[Advantages, NoGrad()],
+                  old_per_token_logps=Annotated[LogProbs, NoGrad(), Frozen(current="per_token_logps",
+                                                                           mask="completion_mask")],
+                  ref_per_token_logps=Annotated[LogProbs, NoGrad()])],
+              num_items: torch.Tensor) -> Annotated[Loss, Finite()]:
+        mask = inputs["completion_mask"]
+        coef_1 = torch.exp(per_token_logps - inputs["old_per_token_logps"])
+        coef_2 = torch.clamp(coef_1, 1 - self.args.epsilon, 1 + self.args.epsilon)
+        adv = inputs["advantages"][:, None]
+        per_token = -torch.min(coef_1 * adv, coef_2 * adv)
+        d = inputs["ref_per_token_logps"] - per_token_logps
+        per_token = per_token + self.args.beta * (torch.exp(d) - d - 1)
+        return (per_token * mask).sum() / num_items
+
+    def training_step(self, inputs: dict, guard: Guard | None) -> None:
+        n = inputs["input_ids"].shape[0]
+        ctx = guard.update() if guard is not None else _null()
+        with ctx:
+            for _ in range(self.args.num_iterations):
+                for rows in torch.randperm(n, generator=self.generator).chunk(self.args.steps_per_generation):
+                    if self.args.fault != "no_zero_grad":
+                        self.optimizer.zero_grad()
+                    num_items = inputs["completion_mask"][rows].sum().clamp(min=1)
+                    for micro in rows.chunk(self.args.gradient_accumulation_steps):
+                        sub = {k: v[micro] for k, v in inputs.items()}
+                        if self.args.fault == "stale_old_logp":
+                            with torch.no_grad():
+                                sub["old_per_token_logps"] = self._get_per_token_logps(self.model, sub["input_ids"])
+                        logps = self._get_per_token_logps(self.model, sub["input_ids"])
+                        self._loss(logps, sub, num_items).backward()
+                    self.optimizer.step()
+
+    def train(self, steps: int, guard: bool = True) -> None:
+        g = Guard(policy=self.model, reference=self.ref_model, optimizer=self.optimizer,
+                  frozen=self.args.frozen) if guard else None
+        try:
+            for _ in range(steps):
+                picks = torch.randperm(len(self.tasks), generator=self.generator)[: self.args.prompts]
+                self.training_step(self.generate_and_score([self.tasks[i] for i in picks.tolist()]), g)
+        finally:
+            if g is not None:
+                g.close()
+
+
+def dict_trainer(seed: int = 0, **args) -> DictGRPOTrainer:
+    from rlguard.reference.model import ModelConfig, build_model
+    from rlguard.reference.task import TaskSpec
+
+    model = build_model(ModelConfig(vocab_size=TaskSpec().vocab_size, d_model=32, n_layers=1), seed=seed)
+    model.pos_emb.requires_grad_(False)
+    return DictGRPOTrainer(model, replace(DictArgs(), **args), seed=seed)

@@ -147,6 +147,22 @@ def scenario_checks(rank: int, out: dict) -> None:
         out["sync_off_collectives"] = STATE.collectives - before
     out["t_contracts"] = time.perf_counter() - t0
 
+    # 6b. the guard's update checks under DDP: rank 1 alone forgets zero_grad; both ranks raise at that step
+    def ddp_steps(forget: bool) -> None:
+        model = base_policy(SMALL)
+        ddp = wrap(model)
+        opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+        ids = torch.randint(0, 4, (4, 6), generator=torch.Generator().manual_seed(rank))
+        with Guard(policy=ddp, optimizer=opt, check_every=1):
+            for _ in range(3):
+                ddp(ids).float().logsumexp(-1).mean().backward()
+                opt.step()
+                if not forget:
+                    opt.zero_grad()
+
+    out["grads_ok"] = violation(lambda: ddp_steps(False))
+    out["grads_one_rank"] = violation(lambda: ddp_steps(rank == 1))
+
     # 7. the data-parallel trainer with a fault on rank 1 only, caught (both ranks raise together)
     out["one_rank_caught"] = violation(
         lambda: train_dp(SMALL, fault="mask_shift" if rank == 1 else None, steps=1, guard=True))

@@ -135,6 +135,14 @@ def test_check_between_cadence_calls_is_held_to_the_next_synced_call(workers):
         assert [(h["call"], h["code"], h["ranks"]) for h in res["held"]] == [(4, "RLG003", [1])]
 
 
+def test_guard_update_checks_raise_on_both_ranks(workers):
+    for rank, res in enumerate(workers["results"]):
+        assert res["grads_ok"] is None  # a healthy DDP loop under the guard's RLG013/RLG014 checks
+        v = res["grads_one_rank"]  # rank 1 alone forgot zero_grad: found there before its step, raised on both
+        assert v["code"] == "RLG013" and v["ranks"] == [1] and v["rank"] == 1, v
+        assert ("not on this rank" in v["message"]) == (rank == 0)
+
+
 def test_sync_off_means_no_collective(workers):
     r0, r1 = workers["results"]
     assert r0["sync_off_local"]["ranks"] == [] and r0["sync_off_local"]["rank"] is None

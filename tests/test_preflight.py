@@ -103,6 +103,7 @@ def test_faulty_example_fails_its_check():
 
     report = run_suite(Adapter(), only=["grads_zeroed", "accumulation"])
     assert report.failed == ["grads_zeroed"]
+    assert "gradients are not zeroed" in report.checks[-1].hint  # the cause, not the determinism control
 
 
 def _run_check(args, cwd, pythonpath):
@@ -161,3 +162,55 @@ def test_pytest_plugin_fixture_and_marker(tmp_path):
     out = proc.stdout + proc.stderr
     assert "2 failed, 1 passed" in out, out
     assert "rlguard preflight failed: advantage_direction" in out
+
+
+def test_frozen_params_default_is_what_the_model_declared_when_built():
+    """The intended trainable set defaults to requires_grad as build_model returned the model, before any
+    trainer code ran: a trainer that switches its frozen embedding back on is caught without trainable_names."""
+    from trl_style_grpo import TRLStyleAdapter
+
+    class FrozenEmbedding(TRLStyleAdapter):
+        def build_model(self):
+            model = super().build_model()
+            model.tok_emb.requires_grad_(False)  # the model declares its token embedding frozen
+            return model
+
+    class Unfreezes(FrozenEmbedding):
+        def _trainer(self, model):
+            model.requires_grad_(True)  # the fault: the trainer makes every parameter trainable itself
+            return super()._trainer(model)
+
+    assert run_suite(FrozenEmbedding(), only=["frozen_params"]).passed
+    report = run_suite(Unfreezes(), only=["frozen_params"])
+    assert report.failed == ["frozen_params"]
+    assert "tok_emb.weight" in report.checks[0].hint and "requires_grad when built" in report.checks[0].hint
+
+
+def test_frozen_params_says_when_it_needs_trainable_names():
+    from trl_style_grpo import TRLStyleAdapter
+
+    result = run_suite(TRLStyleAdapter(), only=["frozen_params"]).checks[0]
+    assert result.passed and "give the adapter trainable_names(model)" in result.hint
+
+
+def test_grads_zeroed_tells_a_nondeterministic_update_from_stale_gradients():
+    from trl_style_grpo import TRLStyleAdapter
+
+    class SharedGenerator(TRLStyleAdapter):
+        """A copied trainer whose adapter keeps one shuffle generator across calls: each update shuffles
+        differently, gradients are zeroed fine."""
+
+        def __init__(self):
+            super().__init__()
+            self.generator = torch.Generator().manual_seed(0)
+
+        def _trainer(self, model):
+            trainer = super()._trainer(model)
+            trainer.generator = self.generator
+            return trainer
+
+    result = run_suite(SharedGenerator(), only=["grads_zeroed"]).checks[0]
+    assert not result.passed
+    assert "not deterministic across calls" in result.hint and "not a zero_grad problem" in result.hint
+    healthy = run_suite(TRLStyleAdapter(), only=["grads_zeroed"]).checks[0]
+    assert healthy.passed and healthy.value == 0
