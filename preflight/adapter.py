@@ -44,6 +44,14 @@ Optional (the check is skipped without it)
 ``run_signature(seed, steps) -> list``      a short training run's per-step signature (rewards, lengths, ...).
 ``greedy_rollout(model, seed) -> list``     the sampling path with the noise off (greedy) on fixed tasks ...
 ``evaluate_greedy(model, seed) -> list``    ... and the plain evaluation path on the same tasks.
+
+Optional (hooks for framework integrations)
+-------------------------------------------
+``copy_model(model) -> model``              an independent copy (default: ``copy.deepcopy``); for models whose
+                                            framework patches instance methods with closures over the original.
+``not_applicable() -> dict[str, str]``      checks that cannot apply to this trainer's configuration, each with
+                                            the reason (no entropy term, no KL term, one optimizer step per
+                                            batch); they are reported as skipped with that reason, not run.
 """
 
 from __future__ import annotations
@@ -59,7 +67,8 @@ REQUIRED = (
     "old_log_probs", "logits", "log_probs", "action_mask", "advantages", "loss", "backward", "make_reference",
     "make_optimizer", "update",
 )
-OPTIONAL = ("trainable_names", "pad_batch", "save", "load", "run_signature", "greedy_rollout", "evaluate_greedy")
+OPTIONAL = ("trainable_names", "pad_batch", "save", "load", "run_signature", "greedy_rollout", "evaluate_greedy",
+            "copy_model", "not_applicable")
 
 
 @runtime_checkable
