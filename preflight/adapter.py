@@ -103,11 +103,11 @@ def missing(adapter) -> list[str]:
     return [name for name in REQUIRED if not hasattr(adapter, name)]
 
 
-def load_adapter(spec: str):
-    """``"package.module:attr"`` (or ``"package.module"``: the module's functions) -> the adapter object.
+def import_object(spec: str) -> Any:
+    """``"package.module:attr.sub"`` (or ``"package.module"``) -> that object, without calling it.
 
-    ``attr`` may be an adapter instance, a class or a no-argument factory. The current directory is put on
-    ``sys.path`` first, as ``python -m`` would.
+    The current directory is put on ``sys.path`` first, as ``python -m`` would. ``AdapterError`` when the module
+    does not import or has no such attribute.
     """
     module_name, _, attr = spec.partition(":")
     if os.getcwd() not in sys.path:
@@ -121,6 +121,16 @@ def load_adapter(spec: str):
         if not hasattr(obj, part):
             raise AdapterError(f"{module_name!r} has no attribute {attr!r}")
         obj = getattr(obj, part)
+    return obj
+
+
+def load_adapter(spec: str):
+    """``"package.module:attr"`` (or ``"package.module"``: the module's functions) -> the adapter object.
+
+    ``attr`` may be an adapter instance, a class or a no-argument factory. The current directory is put on
+    ``sys.path`` first, as ``python -m`` would.
+    """
+    obj = import_object(spec)
     if inspect.isclass(obj) or (callable(obj) and not hasattr(obj, "build_model")):
         try:
             obj = obj()
