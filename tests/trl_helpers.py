@@ -72,9 +72,13 @@ def make_trainer(cls=None, callbacks=None, output_dir=None, **overrides):
 
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     output_dir = output_dir or tempfile.mkdtemp(prefix="rlguard-trl-out-")
+    from transformers.trainer_callback import PrinterCallback
+
     args = GRPOConfig(output_dir=output_dir, **{**CONFIG, **overrides})
-    return (cls or GRPOTrainer)(model=model_dir(), reward_funcs=reward_good_words, args=args,
-                                train_dataset=dataset(), processing_class=tokenizer(), callbacks=callbacks)
+    trainer = (cls or GRPOTrainer)(model=model_dir(), reward_funcs=reward_good_words, args=args,
+                                   train_dataset=dataset(), processing_class=tokenizer(), callbacks=callbacks)
+    trainer.remove_callback(PrinterCallback)  # the tests read trainer.state.log_history instead
+    return trainer
 
 
 # -------------------------------------------------------------------------------- seeded faults (small subclasses)

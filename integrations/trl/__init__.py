@@ -11,6 +11,7 @@ from rlguard.integrations.trl._version import SUPPORTED_TRL, UnsupportedTRLError
 
 TRL_VERSION = require_supported_trl()
 
+from rlguard.integrations.trl.callback import TRL_METRICS, RlguardCallback, diagnose_row  # noqa: E402
 from rlguard.integrations.trl.preflight import (  # noqa: E402 - only once the version is known to be supported
     GenerationBatch,
     GRPOAdapter,
@@ -21,4 +22,5 @@ from rlguard.integrations.trl.preflight import (  # noqa: E402 - only once the v
 )
 
 __all__ = ["SUPPORTED_TRL", "TRL_VERSION", "UnsupportedTRLError", "GRPOAdapter", "GenerationBatch",
-           "TRLPreflightError", "adapter_from_factory", "load_trainer_factory", "preflight"]
+           "TRLPreflightError", "adapter_from_factory", "load_trainer_factory", "preflight", "RlguardCallback",
+           "TRL_METRICS", "diagnose_row"]

@@ -236,15 +236,7 @@ class GRPOAdapter:
         t = self.trainer
         completion_ids = inputs["completion_ids"]
         b, c = completion_ids.shape
-        _, completion_ids_list, tool_mask_list, *_ = seen["_generate"]
-        generated = torch.zeros(b, c, dtype=torch.bool)
-        for i, ids in enumerate(completion_ids_list):
-            generated[i, : len(ids)] = True
-        if t.mask_truncated_completions:  # truncated completions are deliberately not trained
-            eos_and_pad = [*t.eos_token_ids, t._tokenizer.pad_token_id]
-            for i, ids in enumerate(completion_ids_list):
-                if ids and ids[-1] not in eos_and_pad:
-                    generated[i] = False
+        generated = policy_written(t, seen["_generate"], c)
         rewards_per_func = seen["_calculate_rewards"].float().cpu()
         rewards = (rewards_per_func * t.reward_weights.unsqueeze(0)).nansum(dim=1)
         steps = seen["scores"]
@@ -259,12 +251,7 @@ class GRPOAdapter:
 
     # -- the protocol's views of the batch -----------------------------------------------------------------------
     def _per_token(self, batch: GenerationBatch, completion: torch.Tensor) -> torch.Tensor:
-        """[B, C] over the completion -> [B, T-1] aligned to ids[:, 1:] (zeros over the prompt)."""
-        p = batch.prompt_len
-        b, c = completion.shape[:2]
-        out = completion.new_zeros((b, p + c - 1) + tuple(completion.shape[2:]))
-        out[:, p - 1:] = completion
-        return out
+        return per_token(batch.prompt_len, completion)
 
     def token_ids(self, batch):
         return torch.cat([batch.inputs["prompt_ids"], batch.inputs["completion_ids"]], dim=1)
@@ -465,6 +452,35 @@ class GRPOAdapter:
                     t.__dict__.pop(key, None)
                 else:
                     t.__dict__[key] = value
+
+
+def policy_written(trainer, generated_output: tuple, width: int) -> torch.Tensor:
+    """bool [B, width]: the completion tokens the sampler wrote and the trainer is meant to train.
+
+    ``generated_output`` is what ``trainer._generate`` returned (its completion ids, and the tool mask of
+    multi-turn rollouts: tool-output tokens are not the policy's). Truncated completions are excluded when the
+    trainer is configured with ``mask_truncated_completions``: they are deliberately not trained.
+    """
+    _, completion_ids_list, tool_mask_list, *_ = generated_output
+    out = torch.zeros(len(completion_ids_list), width, dtype=torch.bool)
+    eos_and_pad = [*trainer.eos_token_ids, trainer._tokenizer.pad_token_id]
+    for i, ids in enumerate(completion_ids_list):
+        n = min(len(ids), width)
+        out[i, :n] = True
+        if tool_mask_list is not None:
+            out[i, :n] &= torch.as_tensor(list(tool_mask_list[i])[:n]).bool()
+        if trainer.mask_truncated_completions and ids and ids[-1] not in eos_and_pad:
+            out[i] = False
+    return out
+
+
+def per_token(prompt_len: int, completion: torch.Tensor) -> torch.Tensor:
+    """[B, C] over the completion -> [B, P+C-1] aligned to ``ids[:, 1:]`` of ``ids = cat(prompt, completion)``
+    (zeros over the prompt): TRL's per-token tensors in the layout of rlguard's contracts and checks."""
+    b, c = completion.shape[:2]
+    out = completion.new_zeros((b, prompt_len + c - 1) + tuple(completion.shape[2:]))
+    out[:, prompt_len - 1:] = completion
+    return out
 
 
 def _correspondence(original: torch.nn.Module, copy_: torch.nn.Module) -> dict:
