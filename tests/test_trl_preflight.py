@@ -19,6 +19,7 @@ torch = pytest.importorskip("torch")
 
 import trl_helpers as h  # noqa: E402
 
+from rlguard.catalog import BY_NAME  # noqa: E402
 from rlguard.integrations.trl import GRPOAdapter, TRLPreflightError, preflight  # noqa: E402
 from rlguard.integrations.trl.preflight import copy_patched_model  # noqa: E402
 from rlguard.preflight.checks import CHECKS  # noqa: E402
@@ -197,3 +198,40 @@ def test_rlguard_check_trl_command(user_script):
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "advantage_direction" in proc.stdout and "RLG005" in proc.stdout and "FAIL" in proc.stdout
+
+
+@pytest.mark.parametrize("option", [
+    {"loss_type": "grpo"}, {"loss_type": "dr_grpo"}, {"loss_type": "cispo"}, {"loss_type": "sapo"},
+    {"scale_rewards": "batch"}, {"scale_rewards": "none"}, {"temperature": 0.7}, {"steps_per_generation": 4},
+    {"mask_truncated_completions": True}, {"importance_sampling_level": "sequence", "loss_type": "grpo"},
+])
+def test_trl_options_that_keep_every_invariant_pass(option):
+    report = preflight(h.make_trainer(**FULL, **option))
+    assert report.passed, (option, table(report))
+
+
+@pytest.mark.parametrize("option", [{"top_p": 0.9}, {"top_k": 10}, {"repetition_penalty": 1.2}])
+def test_sampling_options_the_loss_does_not_apply_fail_the_sampler_check(option):
+    """TRL's loss scores the full tempered softmax; truncated or penalised sampling draws from another one."""
+    report = preflight(h.make_trainer(**option))
+    assert report.failed == ["sampler_logp"], (option, table(report))
+    assert _by_name(report)["sampler_logp"].code == BY_NAME["sampler-trainer-mismatch"].code
+
+
+def test_an_optimizer_over_the_reference_is_refused_and_the_users_reference_left_alone():
+    from trl import GRPOTrainer
+
+    class TrainsTheReference(GRPOTrainer):
+        def create_optimizer(self, model=None):
+            params = list(self.model.parameters()) + list(self.ref_model.parameters())
+            self.optimizer = torch.optim.AdamW(params)  # noqa: RLG008 - the fault under test
+            return self.optimizer
+
+    trainer = h.make_trainer(TrainsTheReference, beta=0.1)
+    before = [p.detach().clone() for p in trainer.ref_model.parameters()]
+    report = preflight(trainer, only=["kl_positive", "advantage_direction", "group_mean"])
+    failed = _by_name(report)
+    assert report.failed == ["advantage_direction", "kl_positive"]
+    for name in report.failed:
+        assert "not the policy's (the reference's? see RLG008)" in failed[name].hint
+    assert all(torch.equal(a, b) for a, b in zip(before, trainer.ref_model.parameters()))

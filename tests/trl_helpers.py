@@ -16,7 +16,8 @@ import torch
 
 WORDS = ["<pad>", "<eos>", "<bos>", "<unk>"] + [f"w{i}" for i in range(28)]
 GOOD = {f"w{i}" for i in range(3, 10)}
-_MODEL_DIRS: dict[int, str] = {}
+MODEL_SIZE = {"hidden_size": 32, "num_hidden_layers": 2}  # the benchmark sizes it up
+_MODEL_DIRS: dict[tuple, str] = {}
 
 
 def tokenizer():
@@ -30,19 +31,22 @@ def tokenizer():
 
 
 def model_dir(seed: int = 0) -> str:
-    """A folder with the tiny policy and its tokenizer (made once per process and seed)."""
-    if seed not in _MODEL_DIRS:
+    """A folder with the tiny policy and its tokenizer (made once per process, seed and size)."""
+    key = (seed, MODEL_SIZE["hidden_size"], MODEL_SIZE["num_hidden_layers"])
+    if key not in _MODEL_DIRS:
         from transformers import LlamaConfig, LlamaForCausalLM
 
         torch.manual_seed(seed)
-        config = LlamaConfig(vocab_size=len(WORDS), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                             num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=64,
-                             pad_token_id=0, eos_token_id=1, bos_token_id=2, tie_word_embeddings=False)
+        hidden = MODEL_SIZE["hidden_size"]
+        config = LlamaConfig(vocab_size=len(WORDS), hidden_size=hidden, intermediate_size=2 * hidden,
+                             num_hidden_layers=MODEL_SIZE["num_hidden_layers"], num_attention_heads=4,
+                             num_key_value_heads=4, max_position_embeddings=64, pad_token_id=0, eos_token_id=1,
+                             bos_token_id=2, tie_word_embeddings=False)
         path = tempfile.mkdtemp(prefix="rlguard-trl-model-")
         LlamaForCausalLM(config).save_pretrained(path)
         tokenizer().save_pretrained(path)
-        _MODEL_DIRS[seed] = path
-    return _MODEL_DIRS[seed]
+        _MODEL_DIRS[key] = path
+    return _MODEL_DIRS[key]
 
 
 def reward_good_words(completions, **kwargs):

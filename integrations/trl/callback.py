@@ -170,9 +170,12 @@ class RlguardCallback(TrainerCallback):
         self._leave_step_mode()
 
     def on_log(self, args, state, control, logs=None, **kwargs):
-        if self.monitor is None or not logs or "train_runtime" in logs or "eval_loss" in logs:
-            return  # the end-of-training summary and evaluation rows are not training steps
-        row = diagnose_row(logs, state.global_step, self.trainer.beta)
+        if self.monitor is None or not logs or any(key.startswith("eval_") for key in logs):
+            return  # evaluation rows are not training steps
+        if not any(key in logs for key in TRL_METRICS):
+            return  # the end-of-training summary, when the last logging step has already taken the metrics
+        row = diagnose_row({k: v for k, v in logs.items() if not k.startswith("train_")}, state.global_step,
+                           self.trainer.beta)
         if self._multi_step() and self._ratio[0] > -math.inf:
             row["ratio_max"], row["ratio_min"] = self._ratio
         self._ratio = [-math.inf, math.inf]

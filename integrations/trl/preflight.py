@@ -185,25 +185,28 @@ class GRPOAdapter:
         return copy_patched_model(t.ref_model, _correspondence(t.model, model))
 
     def make_optimizer(self, model):
+        """The optimizer the trainer's ``create_optimizer`` builds for ``model`` (or, when the trainer was given
+        one, the same class and groups over ``model``'s parameters); refused if it holds other parameters."""
         t = self.trainer
         if t.optimizer is None:
-            with self._bound(model) as t:
+            with self._bound(model, self.make_reference(model)) as t:  # never the trainer's own reference
                 t.optimizer = None
-                return t.create_optimizer(model)
-        # the user passed optimizers=(opt, scheduler): the same class and groups over the copy's parameters
-        mapping = _correspondence(t.model, model)
-        groups = []
-        for group in t.optimizer.param_groups:
-            params = []
-            for p in group["params"]:
-                if id(p) not in mapping:
-                    raise TRLPreflightError(
-                        "the trainer's optimizer holds a parameter that is not the policy's (the reference's? "
-                        "see RLG008/RLG014): give GRPOTrainer optimizers over model.parameters() only")
-                params.append(mapping[id(p)])
-            groups.append({**{k: v for k, v in group.items() if k != "params"}, "params": params})
-        inner = getattr(t.optimizer, "optimizer", t.optimizer)  # accelerate's AcceleratedOptimizer
-        return type(inner)(groups, **inner.defaults)
+                optimizer = t.create_optimizer(model)
+        else:  # the user passed optimizers=(opt, scheduler)
+            mapping = _correspondence(t.model, model)
+            groups = []
+            for group in t.optimizer.param_groups:
+                params = [mapping.get(id(p), p) for p in group["params"]]
+                groups.append({**{k: v for k, v in group.items() if k != "params"}, "params": params})
+            inner = getattr(t.optimizer, "optimizer", t.optimizer)  # accelerate's AcceleratedOptimizer
+            optimizer = type(inner)(groups, **inner.defaults)
+        own = {id(p) for p in model.parameters()}
+        foreign = sum(id(p) not in own for group in optimizer.param_groups for p in group["params"])
+        if foreign:
+            raise TRLPreflightError(
+                f"the trainer's optimizer holds {foreign} parameter(s) that are not the policy's (the reference's? "
+                "see RLG008): optimizer.step() would train them; build it over model.parameters() only")
+        return optimizer
 
     # -- the batch ------------------------------------------------------------------------------------------------
     def _prompt_rows(self, seed: int) -> list:
