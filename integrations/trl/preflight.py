@@ -238,19 +238,20 @@ class GRPOAdapter:
     def _batch(self, inputs: dict, seen: dict, rows: list) -> GenerationBatch:
         t = self.trainer
         completion_ids = inputs["completion_ids"]
+        device = completion_ids.device
         b, c = completion_ids.shape
-        generated = policy_written(t, seen["_generate"], c)
-        rewards_per_func = seen["_calculate_rewards"].float().cpu()
-        rewards = (rewards_per_func * t.reward_weights.unsqueeze(0)).nansum(dim=1)
+        generated = policy_written(t, seen["_generate"], c).to(device)
+        rewards_per_func = seen["_calculate_rewards"].float()
+        rewards = (rewards_per_func * t.reward_weights.to(rewards_per_func.device).unsqueeze(0)).nansum(dim=1)
         steps = seen["scores"]
-        sampler = torch.zeros(b, c)
+        sampler = torch.zeros(b, c, device=device)
         for j in range(min(c, len(steps))):
-            logp = steps[j].float().log_softmax(-1).cpu()
-            sampler[:, j] = logp.gather(-1, completion_ids[:, j, None].cpu()).squeeze(-1)
+            logp = steps[j].float().log_softmax(-1).to(device)
+            sampler[:, j] = logp.gather(-1, completion_ids[:, j, None]).squeeze(-1)
         sampler = sampler.masked_fill(~generated, 0.0)
         if "sampling_per_token_logps" in inputs:  # a sampler that reports its own log-probs
-            sampler = inputs["sampling_per_token_logps"].float().cpu()
-        return GenerationBatch(inputs, rewards, generated, sampler, rows)
+            sampler = inputs["sampling_per_token_logps"].float()
+        return GenerationBatch(inputs, rewards.to(device), generated, sampler, rows)
 
     # -- the protocol's views of the batch -----------------------------------------------------------------------
     def _per_token(self, batch: GenerationBatch, completion: torch.Tensor) -> torch.Tensor:
