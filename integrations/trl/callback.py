@@ -112,8 +112,9 @@ class RlguardCallback(TrainerCallback):
 
     ``trainer``: the ``GRPOTrainer`` it watches (add the callback to it, or use ``attach``). ``contracts`` /
     ``monitor``: turn either part off. ``thresholds``, ``window``, ``log_path``: the ``Monitor``'s (a JSONL log
-    of the mapped rows, readable by ``rlguard diagnose``). ``check_every``: the contracts' value checks (and the
-    reference fingerprint) on every N-th call only.
+    of the mapped rows, readable by ``rlguard diagnose``). ``check_every``: the guard's float64 fingerprint of
+    the reference on every N-th optimizer step only (its version counters see every step); the seams' value
+    checks run on every call, their cost does not grow with the model.
     """
 
     def __init__(self, trainer, mode: str = "raise", *, contracts: bool = True, monitor: bool = True,

@@ -526,7 +526,13 @@ def _sampler(model, seen: dict):
     seen["scores"] = ()
 
     def generate_with_scores(*args, **kwargs):
-        kwargs.update(output_scores=True, return_dict_in_generate=True)
+        config = kwargs.get("generation_config")
+        if config is not None:  # TRL passes one: ask it (a copy) for the scores, not a second set of arguments
+            config = copy.deepcopy(config)
+            config.output_scores = config.return_dict_in_generate = True
+            kwargs["generation_config"] = config
+        else:
+            kwargs.update(output_scores=True, return_dict_in_generate=True)
         out = generate(*args, **kwargs)
         seen["scores"] = tuple(s.detach() for s in out.scores)
         return out.sequences
