@@ -8,7 +8,9 @@ every group of samples.
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import tempfile
 from dataclasses import dataclass
 
@@ -18,6 +20,14 @@ WORDS = ["<pad>", "<eos>", "<bos>", "<unk>"] + [f"w{i}" for i in range(28)]
 GOOD = {f"w{i}" for i in range(3, 10)}
 MODEL_SIZE = {"hidden_size": 32, "num_hidden_layers": 2}  # the benchmark sizes it up
 _MODEL_DIRS: dict[tuple, str] = {}
+_SCRATCH: list[str] = []  # this process's folder for the model and the trainers' output_dir, removed at exit
+
+
+def scratch(prefix: str) -> str:
+    if not _SCRATCH:
+        _SCRATCH.append(tempfile.mkdtemp(prefix="rlguard-trl-"))
+        atexit.register(shutil.rmtree, _SCRATCH[0], True)
+    return tempfile.mkdtemp(prefix=prefix, dir=_SCRATCH[0])
 
 
 def tokenizer():
@@ -42,7 +52,7 @@ def model_dir(seed: int = 0) -> str:
                              num_hidden_layers=MODEL_SIZE["num_hidden_layers"], num_attention_heads=4,
                              num_key_value_heads=4, max_position_embeddings=64, pad_token_id=0, eos_token_id=1,
                              bos_token_id=2, tie_word_embeddings=False)
-        path = tempfile.mkdtemp(prefix="rlguard-trl-model-")
+        path = scratch("model-")
         LlamaForCausalLM(config).save_pretrained(path)
         tokenizer().save_pretrained(path)
         _MODEL_DIRS[key] = path
@@ -75,7 +85,7 @@ def make_trainer(cls=None, callbacks=None, output_dir=None, **overrides):
     from trl import GRPOConfig, GRPOTrainer
 
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
-    output_dir = output_dir or tempfile.mkdtemp(prefix="rlguard-trl-out-")
+    output_dir = output_dir or scratch("out-")
     from transformers.trainer_callback import PrinterCallback
 
     args = GRPOConfig(output_dir=output_dir, **{**CONFIG, **overrides})
