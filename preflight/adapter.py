@@ -47,6 +47,14 @@ Optional (the check is skipped without it)
 ``run_signature(seed, steps) -> list``      a short training run's per-step signature (rewards, lengths, ...).
 ``greedy_rollout(model, seed) -> list``     the sampling path with the noise off (greedy) on fixed tasks ...
 ``evaluate_greedy(model, seed) -> list``    ... and the plain evaluation path on the same tasks.
+
+Optional (hooks for framework integrations)
+-------------------------------------------
+``copy_model(model) -> model``              an independent copy (default: ``copy.deepcopy``); for models whose
+                                            framework patches instance methods with closures over the original.
+``not_applicable() -> dict[str, str]``      checks that cannot apply to this trainer's configuration, each with
+                                            the reason (no entropy term, no KL term, one optimizer step per
+                                            batch); they are reported as skipped with that reason, not run.
 """
 
 from __future__ import annotations
@@ -62,7 +70,8 @@ REQUIRED = (
     "old_log_probs", "logits", "log_probs", "action_mask", "advantages", "loss", "backward", "make_reference",
     "make_optimizer", "update",
 )
-OPTIONAL = ("trainable_names", "pad_batch", "save", "load", "run_signature", "greedy_rollout", "evaluate_greedy")
+OPTIONAL = ("trainable_names", "pad_batch", "save", "load", "run_signature", "greedy_rollout", "evaluate_greedy",
+            "copy_model", "not_applicable")
 
 
 @runtime_checkable
@@ -97,11 +106,11 @@ def missing(adapter) -> list[str]:
     return [name for name in REQUIRED if not hasattr(adapter, name)]
 
 
-def load_adapter(spec: str):
-    """``"package.module:attr"`` (or ``"package.module"``: the module's functions) -> the adapter object.
+def import_object(spec: str) -> Any:
+    """``"package.module:attr.sub"`` (or ``"package.module"``) -> that object, without calling it.
 
-    ``attr`` may be an adapter instance, a class or a no-argument factory. The current directory is put on
-    ``sys.path`` first, as ``python -m`` would.
+    The current directory is put on ``sys.path`` first, as ``python -m`` would. ``AdapterError`` when the module
+    does not import or has no such attribute.
     """
     module_name, _, attr = spec.partition(":")
     if os.getcwd() not in sys.path:
@@ -115,6 +124,16 @@ def load_adapter(spec: str):
         if not hasattr(obj, part):
             raise AdapterError(f"{module_name!r} has no attribute {attr!r}")
         obj = getattr(obj, part)
+    return obj
+
+
+def load_adapter(spec: str):
+    """``"package.module:attr"`` (or ``"package.module"``: the module's functions) -> the adapter object.
+
+    ``attr`` may be an adapter instance, a class or a no-argument factory. The current directory is put on
+    ``sys.path`` first, as ``python -m`` would.
+    """
+    obj = import_object(spec)
     if inspect.isclass(obj) or (callable(obj) and not hasattr(obj, "build_model")):
         try:
             obj = obj()

@@ -56,9 +56,14 @@ class Context:
         self.owned = adapter.policy_tokens(self.batch)[:, 1:].bool()  # [B, T-1] tokens the policy wrote
         self.rows = torch.arange(self.ids.shape[0])
 
+    def copy(self, model):
+        """An independent copy of ``model``: the adapter's ``copy_model`` when it has one, else a deep copy."""
+        copy_model = getattr(self.adapter, "copy_model", None)
+        return copy_model(model) if copy_model is not None else copy.deepcopy(model)
+
     def fresh(self):
         """A copy of the pristine model (never the model itself)."""
-        return copy.deepcopy(self.model)
+        return self.copy(self.model)
 
     @cached_property
     def trainer_logp(self) -> torch.Tensor:
@@ -233,7 +238,7 @@ def check_entropy_direction(ctx: Context) -> CheckResult:
 
 
 def check_kl_direction(ctx: Context) -> CheckResult:
-    ref = copy.deepcopy(ctx.model).requires_grad_(False)
+    ref = ctx.copy(ctx.model).requires_grad_(False)
     model = ctx.fresh()
     gen = torch.Generator().manual_seed(ctx.seed)
     with torch.no_grad():  # move the policy off the reference so that the KL term has a gradient

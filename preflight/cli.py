@@ -14,7 +14,11 @@ def check_main(argv: list[str]) -> int:
         prog="rlguard check",
         description="Run the preflight invariant suite on a trainer adapter. Exit 0: every check passed; "
                     "1: a check failed; 125: the trainer could not be built or run (git bisect's 'skip').")
-    parser.add_argument("adapter", help="module:attr of the adapter (instance, class or factory), or a module")
+    parser.add_argument("adapter", nargs="?",
+                        help="module:attr of the adapter (instance, class or factory), or a module")
+    parser.add_argument("--trl", metavar="MODULE:FUNCTION",
+                        help="instead of an adapter: a function returning a constructed trl.GRPOTrainer (your "
+                             "subclass, config and reward functions); needs the [trl] extra")
     parser.add_argument("--out", help="write report.md and report.json into this folder")
     parser.add_argument("--seed", type=int, default=0, help="seed of the batch (default 0)")
     parser.add_argument("--only", help="comma-separated check names")
@@ -24,6 +28,8 @@ def check_main(argv: list[str]) -> int:
     parser.add_argument("--dist-timeout", type=float, default=300.0,
                         help="under torchrun: seconds a collective may wait before the job fails (default 300)")
     args = parser.parse_args(argv)
+    if (args.adapter is None) == (args.trl is None):
+        parser.error("give either an adapter (module:attr) or --trl MODULE:FUNCTION")
 
     import torch
 
@@ -35,8 +41,14 @@ def check_main(argv: list[str]) -> int:
     group = _init_distributed(args.backend, args.dist_timeout)
     rank = group[0] if group else 0
     try:
+        if args.trl is not None:
+            try:
+                from rlguard.integrations.trl import UnsupportedTRLError  # noqa: F401 - the version check
+            except ImportError as exc:
+                print(f"rlguard check: {exc}", file=sys.stderr)
+                return EXIT_USAGE
         try:
-            adapter = load_adapter(args.adapter)
+            adapter = load_adapter(args.adapter) if args.trl is None else _trl_adapter(args.trl, args.seed)
             loaded = None
         except AdapterError as exc:
             loaded = str(exc)
@@ -63,6 +75,25 @@ def check_main(argv: list[str]) -> int:
             import torch.distributed as dist
 
             dist.destroy_process_group()
+
+
+def _trl_adapter(spec: str, seed: int):
+    """The preflight adapter over the GRPOTrainer that ``spec``'s function builds (AdapterError if it cannot)."""
+    from rlguard.integrations.trl import TRLPreflightError, adapter_from_factory, load_trainer_factory
+    from rlguard.preflight.adapter import AdapterError
+
+    try:
+        factory = load_trainer_factory(spec)
+    except AdapterError as exc:
+        raise AdapterError(f"--trl {spec}: {exc}") from exc
+    except (ValueError, TypeError) as exc:
+        raise AdapterError(f"--trl {spec}: {exc}") from exc
+    try:
+        return adapter_from_factory(factory, seed=seed)
+    except TRLPreflightError as exc:
+        raise AdapterError(f"--trl {spec}: {exc}") from exc
+    except Exception as exc:  # noqa: BLE001 - the user's function raised: the trainer could not be built
+        raise AdapterError(f"--trl {spec}: building the trainer failed: {type(exc).__name__}: {exc}") from exc
 
 
 def _init_distributed(backend: str, timeout_s: float):

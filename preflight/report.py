@@ -31,6 +31,8 @@ def table(report: Report) -> str:
     n_fail = len(report.failed)
     lines.append("")
     lines.append("all checks passed" if report.passed else f"{n_fail} check(s) failed: {', '.join(report.failed)}")
+    if report.skipped:
+        lines[-1] += f" ({len(report.skipped)} skipped: {', '.join(report.skipped)})"
     if getattr(report, "world_size", 1) > 1:
         lines.append(f"(data-parallel: {report.world_size} ranks; each value is the worst rank's, per-rank values "
                      "in report.json)")

@@ -8,7 +8,7 @@ from typing import Callable, Iterable
 
 import torch
 
-from rlguard.preflight.checks import CHECKS, CheckResult, Context
+from rlguard.preflight.checks import CHECKS, CheckResult, Context, _skip
 
 
 class TrainerError(Exception):
@@ -28,6 +28,10 @@ class Report:
     def failed(self) -> list[str]:
         return [c.name for c in self.checks if not c.passed]
 
+    @property
+    def skipped(self) -> list[str]:
+        return [c.name for c in self.checks if c.skipped]
+
     def to_dict(self) -> dict:
         d = {"passed": self.passed, "checks": [c.to_dict() for c in self.checks]}
         if self.world_size > 1:
@@ -41,10 +45,26 @@ def _world() -> int:
     return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
 
 
+def not_applicable(adapter) -> dict[str, str]:
+    """The adapter's optional ``not_applicable()``: check name -> why it cannot apply to this configuration."""
+    declare = getattr(adapter, "not_applicable", None)
+    if declare is None:
+        return {}
+    reasons = {str(name): str(why) for name, why in dict(declare()).items()}
+    unknown = sorted(set(reasons) - set(CHECKS))
+    if unknown:
+        raise TrainerError(f"not_applicable() names unknown check(s) {', '.join(unknown)}; "
+                           f"the checks are: {', '.join(CHECKS)}")
+    return reasons
+
+
 def run_suite(adapter, seed: int = 0, only: Iterable[str] | None = None,
               progress: Callable[[int, int, str], None] | None = None,
               distributed: bool | None = None) -> Report:
     """Every check (or those in ``only``) on one batch of ``adapter``; ``progress(done, total, name)`` after each.
+
+    A check the adapter declares inapplicable (``not_applicable()``: no KL term, no entropy bonus, ...) is not run
+    and is reported as skipped with the adapter's reason.
 
     ``distributed`` (default: whether ``torch.distributed`` is initialised with more than one rank): every rank
     runs every check, in the same order (an adapter's data-parallel ``backward``/``update`` run their collectives
@@ -58,6 +78,7 @@ def run_suite(adapter, seed: int = 0, only: Iterable[str] | None = None,
     torch.manual_seed(seed)
     error = None
     try:
+        inapplicable = not_applicable(adapter)
         ctx = Context(adapter, seed)
     except Exception as exc:  # noqa: BLE001 - the trainer itself is broken: report as "cannot test"
         error = f"{type(exc).__name__}: {exc}"
@@ -73,6 +94,9 @@ def run_suite(adapter, seed: int = 0, only: Iterable[str] | None = None,
         fn, code, _ = CHECKS[name]
         if progress is not None:
             progress(i, len(names), name)
+        if name in inapplicable:
+            report.checks.append(_skip(name, inapplicable[name]))
+            continue
         try:
             result = fn(ctx)
         except Exception as exc:  # noqa: BLE001 - a crash inside a check is that check's failure

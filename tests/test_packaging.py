@@ -20,7 +20,7 @@ BUG = "loss = pg_loss + ent_coef * entropy.mean()\n"
 PROBE = ("import sys, importlib.util, rlguard.lint, rlguard.lint.cli, rlguard.lint.runner; "
          "assert 'torch' not in sys.modules, 'rlguard.lint imported torch'; "
          "assert importlib.util.find_spec('torch') is None, 'torch is installed here'; "
-         "bare = [m for m in ('lint', 'contracts', 'preflight', 'reference', 'diagnose') "
+         "bare = [m for m in ('lint', 'contracts', 'preflight', 'reference', 'diagnose', 'integrations') "
          "if importlib.util.find_spec(m) is not None]; "
          "assert not bare, f'top-level modules importable: {bare}'; print('probe ok')")
 
@@ -85,7 +85,7 @@ def test_wheel_installs_only_rlguard_and_lints_without_torch(source, tmp_path):
     outside = [n for n in names if not (n.startswith("rlguard/") or n.startswith("rlguard-0.1.0.dist-info/"))]
     assert outside == []
     for expected in ("rlguard/lint/cli.py", "rlguard/lint/rules/rlg004_entropy_bonus_sign.py",
-                     "rlguard/rule_docs.py", "rlguard/catalog.py"):
+                     "rlguard/rule_docs.py", "rlguard/catalog.py", "rlguard/integrations/trl/preflight.py"):
         assert expected in names
     bin_dir = venv(tmp_path / "venv")
     pip_install(bin_dir, wheel)

@@ -1,0 +1,5 @@
+"""Integrations of rlguard with RL training frameworks; each lives in its own subpackage and needs its own extra.
+
+``rlguard.integrations.trl``: Hugging Face TRL's ``GRPOTrainer`` (``pip install 'rlguard[trl]'``). Nothing here is
+imported by ``rlguard lint`` or by the core.
+"""

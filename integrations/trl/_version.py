@@ -1,0 +1,51 @@
+"""The TRL versions this integration is tested with, and the check that refuses the others.
+
+It reads the installed version from the package metadata, so an unsupported TRL is refused before anything
+imports it. The range is the ``[trl]`` extra's (``pyproject.toml``; a test keeps the two equal).
+"""
+
+from __future__ import annotations
+
+import re
+from importlib import metadata
+
+SUPPORTED_TRL = ">=1.16,<1.17"
+INSTALL = "pip install 'rlguard[trl]'"
+
+
+class UnsupportedTRLError(ImportError):
+    """TRL is missing, or its version is outside the tested range."""
+
+
+def _release(version: str) -> tuple[int, ...]:
+    """The leading release numbers of a version string: "1.16.0rc1" -> (1, 16, 0)."""
+    match = re.match(r"\d+(?:\.\d+)*", version.strip())
+    if match is None:
+        raise ValueError(f"not a version: {version!r}")
+    return tuple(int(p) for p in match.group().split("."))
+
+
+def _bounds(spec: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    low, high = (s.strip() for s in spec.split(","))
+    return _release(low.removeprefix(">=")), _release(high.removeprefix("<"))
+
+
+def supported(version: str, spec: str = SUPPORTED_TRL) -> bool:
+    """Whether ``version`` (e.g. "1.16.0") lies in ``spec`` (">=A,<B")."""
+    low, high = _bounds(spec)
+    release = _release(version)
+    return low <= release < high
+
+
+def require_supported_trl() -> str:
+    """The installed TRL version; ``UnsupportedTRLError`` naming the supported range when it is not usable."""
+    try:
+        version = metadata.version("trl")
+    except metadata.PackageNotFoundError:
+        raise UnsupportedTRLError(
+            f"rlguard.integrations.trl needs TRL {SUPPORTED_TRL}, which is not installed: {INSTALL}") from None
+    if not supported(version):
+        raise UnsupportedTRLError(
+            f"rlguard.integrations.trl supports TRL {SUPPORTED_TRL}; TRL {version} is installed. It reads "
+            f"GRPOTrainer internals that change between TRL releases: {INSTALL} installs a supported version")
+    return version

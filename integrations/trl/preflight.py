@@ -1,0 +1,670 @@
+"""The preflight adapter protocol (``rlguard.preflight.adapter``) over a constructed ``trl.GRPOTrainer``.
+
+Nothing to write per trainer: every function runs TRL's own code on the suite's copies of the policy, with the
+trainer's own subclass, configuration and reward functions: ``_generate_and_score_completions`` (generation,
+rewards, advantages with ``scale_rewards`` and ``multi_objective_aggregation``, reference log-probs),
+``_get_per_token_logps_and_entropies`` (TRL's fused log-prob head, temperature included), ``_compute_loss``
+(``loss_type``, ``beta``, clipping, the entropy bonus), ``training_step`` and ``_prepare_inputs`` (buffering,
+shuffling and slicing of the generation batch, ``num_iterations``, ``steps_per_generation``), gradient
+accumulation and ``max_grad_norm`` clipping. Per-token tensors, which TRL keeps over the completion only
+(``[B, C]``), are placed into the protocol's ``[B, T-1]`` layout aligned to ``ids[:, 1:]`` with ``ids =
+cat(prompt_ids, completion_ids)``.
+
+Ground truth comes from the sampler, not from the trainer's own bookkeeping: the tokens ``_generate`` returned
+are the policy's tokens (``policy_tokens``), and the log-probs the sampler drew them with are read from
+``generate``'s processed scores (temperature, top-k/top-p and the other logits processors applied).
+
+To bind the trainer to a copy, the adapter sets ``trainer.model`` (and ``model_wrapped``, ``ref_model``,
+``optimizer``) for the duration of one call and restores them after; the few methods it observes
+(``_generate``, ``_calculate_rewards``, the copy's ``generate``) are wrapped on the instance and the wrappers
+removed after the call. The update loop replays ``transformers.Trainer``'s inner loop (``training_step`` per
+micro-batch, clip, ``optimizer.step()``, ``model.zero_grad()``) without callbacks, logging or checkpoints.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import tempfile
+from collections import defaultdict
+from dataclasses import dataclass, replace
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from accelerate.utils import is_peft_model
+from trl import GRPOTrainer
+from trl.trainer import utils as trl_utils
+
+_MISSING = object()
+# Trainer attributes a call may set; restored afterwards.
+_BOUND = ("model", "model_wrapped", "ref_model", "optimizer", "_step", "_buffered_inputs", "_metrics",
+          "current_gradient_accumulation_steps", "beta", "_entropy_bonus_enabled")
+
+
+class TRLPreflightError(ValueError):
+    """The trainer's configuration is one the TRL preflight does not support (it says which and why)."""
+
+
+@dataclass
+class GenerationBatch:
+    """One generation batch: TRL's loss dict and what the sampler and the reward functions saw."""
+
+    inputs: dict  # what _generate_and_score_completions returned (prompt/completion ids and masks, advantages, ...)
+    rewards: torch.Tensor  # [B] the weighted sum of the reward functions, as TRL logs it
+    generated: torch.Tensor  # bool [B, C]: completion tokens the sampler produced (and that are meant to train)
+    sampler_logps: torch.Tensor  # [B, C] log-probs of those tokens under the sampler's processed distribution
+    prompt_rows: list  # the dataset rows the batch was generated from (each prompt G times)
+
+    @property
+    def prompt_len(self) -> int:
+        return self.inputs["prompt_ids"].shape[1]
+
+
+# ---------------------------------------------------------------------------------------------- TRL's model patch
+
+
+def _fused_patch(module: torch.nn.Module):
+    """TRL's ``add_fused_lm_head`` patch on ``module`` -> the arguments it was applied with, or None.
+
+    The patch is an instance ``forward``; when accelerate has wrapped it for mixed precision (``prepare_model``
+    of the reference), TRL's is kept in ``_original_forward``.
+    """
+    for attr in ("_original_forward", "forward"):
+        func = getattr(module.__dict__.get(attr), "__func__", None)
+        code = getattr(func, "__code__", None)
+        if code is None or code.co_name != "_fused_forward" or func.__closure__ is None:
+            continue
+        cells = dict(zip(code.co_freevars, func.__closure__))
+        try:
+            return {name: cells[name].cell_contents for name in ("temperature", "cast_lm_head_to_fp32", "outputs")}
+        except KeyError:  # pragma: no cover - another TRL's patch: refused by the version check already
+            return None
+    return None
+
+
+_INSTANCE_PATCHES = ("forward", "_original_forward")
+
+
+def copy_patched_model(model: torch.nn.Module, memo: dict | None = None) -> torch.nn.Module:
+    """A deep copy of a model TRL has patched, with the patch applied again to the copy.
+
+    TRL's fused log-prob head replaces ``forward`` on the instance with a closure over the *original* model's
+    bound ``forward`` (and accelerate may wrap that for autocast): a plain ``copy.deepcopy`` would run the
+    original's weights whenever the copy is called without ``fused_lm_head=True`` (generation). The instance
+    patches are taken off during the copy and put back; the copy gets TRL's patch again, with the same
+    temperature and outputs, and no autocast wrapper (TRL's own calls run under ``accelerator.autocast()``).
+    ``memo`` is ``deepcopy``'s (to keep aliasing with another model).
+    """
+    patched = []
+    for name, module in model.named_modules():
+        params = _fused_patch(module)
+        if params is not None:
+            saved = {k: module.__dict__.pop(k) for k in _INSTANCE_PATCHES if k in module.__dict__}
+            patched.append((name, saved, params))
+    try:
+        new = copy.deepcopy(model, memo if memo is not None else {})
+    finally:
+        for name, saved, _ in patched:
+            model.get_submodule(name).__dict__.update(saved)
+    for name, _, params in patched:
+        target = new.get_submodule(name)
+        if _fused_patch(target) is None:  # an alias kept by the memo is patched already
+            trl_utils.add_fused_lm_head(target, **params)
+    return new
+
+
+# ---------------------------------------------------------------------------------------------- the adapter
+
+
+class GRPOAdapter:
+    """rlguard's preflight adapter over a constructed ``trl.GRPOTrainer`` (the user's subclass included).
+
+    ``trainer``: constructed, not yet trained (its ``model`` is the policy as training starts). ``factory``:
+    the function that built it, optional; with it the ``reproducible`` check compares two short real runs of
+    ``trainer.train()`` on fresh trainers. ``seed`` fixes the prompts and the sampling of the batch.
+    ``autocast``: run TRL's code under the trainer's mixed precision (bf16/fp16) as it trains; by default the
+    preflight runs it in float32, so that the suite's tolerances (a log-prob gap below 1e-4, ...) measure the
+    trainer's logic and not bf16 rounding.
+    """
+
+    def __init__(self, trainer: GRPOTrainer, factory: Callable[[], GRPOTrainer] | None = None, seed: int = 0,
+                 autocast: bool = False):
+        if not isinstance(trainer, GRPOTrainer):
+            raise TypeError(f"expected a trl.GRPOTrainer (or a subclass), got {type(trainer).__name__}")
+        unsupported_configuration(trainer)
+        self.trainer = trainer
+        self.factory = factory
+        self.seed = seed
+        self.autocast = autocast
+        self.group_size = trainer.num_generations
+        self.pad_id = trainer._tokenizer.pad_token_id
+
+    # -- configuration ----------------------------------------------------------------------------------------
+    @property
+    def micro_steps_per_generation(self) -> int:
+        return self.trainer.args.steps_per_generation * self.trainer.num_iterations
+
+    @property
+    def optimizer_steps_per_generation(self) -> int:
+        ga = self.trainer.args.gradient_accumulation_steps
+        return -(-self.micro_steps_per_generation // ga)
+
+    def not_applicable(self) -> dict[str, str]:
+        """Checks that cannot apply to this trainer's configuration, with the reason."""
+        t, out = self.trainer, {}
+        if t.beta == 0.0:
+            reason = "beta == 0: the loss has no KL term (TRL builds no reference model)"
+            out["kl_positive"] = out["kl_direction"] = reason
+        if not t._entropy_bonus_enabled:
+            out["entropy_direction"] = "entropy_coef == 0: GRPO's loss has no entropy bonus"
+        if self.optimizer_steps_per_generation == 1:
+            out["old_logp_frozen"] = (
+                f"one optimizer step per generation (num_iterations={t.num_iterations}, steps_per_generation="
+                f"{t.args.steps_per_generation}, gradient_accumulation_steps={t.args.gradient_accumulation_steps}):"
+                " the ratio is 1 by construction")
+        out["grads_zeroed"] = ("the optimizer loop is transformers.Trainer's (model.zero_grad() before training and "
+                               "after every step), which the preflight replays: it would test its own replay")
+        if self.factory is None:
+            out["reproducible"] = "no trainer factory to build two fresh trainers from (rlguard check --trl gives one)"
+        return out
+
+    # -- models -------------------------------------------------------------------------------------------------
+    def copy_model(self, model):
+        return copy_patched_model(model)
+
+    def build_model(self):
+        return copy_patched_model(self.trainer.model)
+
+    def make_reference(self, model):
+        """The trainer's reference, copied so that it relates to ``model`` as it relates to ``trainer.model``
+        (the same object if it is the policy, shared tensors where it shares them)."""
+        t = self.trainer
+        if t.beta == 0.0 or t.ref_model is None:
+            return None
+        return copy_patched_model(t.ref_model, _correspondence(t.model, model))
+
+    def make_optimizer(self, model):
+        """The optimizer the trainer's ``create_optimizer`` builds for ``model`` (or, when the trainer was given
+        one, the same class and groups over ``model``'s parameters); refused if it holds other parameters."""
+        t = self.trainer
+        if t.optimizer is None:
+            with self._bound(model, self.make_reference(model)) as t:  # never the trainer's own reference
+                t.optimizer = None
+                optimizer = t.create_optimizer(model)
+        else:  # the user passed optimizers=(opt, scheduler)
+            mapping = _correspondence(t.model, model)
+            groups = []
+            for group in t.optimizer.param_groups:
+                params = [mapping.get(id(p), p) for p in group["params"]]
+                groups.append({**{k: v for k, v in group.items() if k != "params"}, "params": params})
+            inner = getattr(t.optimizer, "optimizer", t.optimizer)  # accelerate's AcceleratedOptimizer
+            optimizer = type(inner)(groups, **inner.defaults)
+        own = {id(p) for p in model.parameters()}
+        foreign = sum(id(p) not in own for group in optimizer.param_groups for p in group["params"])
+        if foreign:
+            raise TRLPreflightError(
+                f"the trainer's optimizer holds {foreign} parameter(s) that are not the policy's (the reference's? "
+                "see RLG008): optimizer.step() would train them; build it over model.parameters() only")
+        return optimizer
+
+    # -- the batch ------------------------------------------------------------------------------------------------
+    def _prompt_rows(self, seed: int) -> list:
+        t = self.trainer
+        n_prompts = t.args.per_device_train_batch_size * t.args.steps_per_generation // t.num_generations
+        data = t.train_dataset
+        if hasattr(data, "__len__") and hasattr(data, "__getitem__"):
+            order = torch.randperm(len(data), generator=torch.Generator().manual_seed(seed)).tolist()
+            picks = [data[order[i % len(order)]] for i in range(n_prompts)]
+        else:  # an IterableDataset: the first prompts of the stream
+            picks = []
+            for row in data:
+                picks.append(row)
+                if len(picks) == n_prompts:
+                    break
+        return [dict(row) for row in picks for _ in range(t.num_generations)]
+
+    def make_batch(self, model, seed):
+        t = self.trainer
+        rows = self._prompt_rows(seed)
+        seen: dict = {}
+        with self._bound(model, self.make_reference(model)) as t, torch.random.fork_rng(), \
+                _observe(t, "_generate", seen), _observe(t, "_calculate_rewards", seen), _sampler(model, seen):
+            torch.manual_seed(seed)
+            model.train()
+            inputs = t._generate_and_score_completions([dict(r) for r in rows])
+        return self._batch(inputs, seen, rows)
+
+    def _batch(self, inputs: dict, seen: dict, rows: list) -> GenerationBatch:
+        t = self.trainer
+        completion_ids = inputs["completion_ids"]
+        device = completion_ids.device
+        b, c = completion_ids.shape
+        generated = policy_written(t, seen["_generate"], c).to(device)
+        rewards_per_func = seen["_calculate_rewards"].float()
+        rewards = (rewards_per_func * t.reward_weights.to(rewards_per_func.device).unsqueeze(0)).nansum(dim=1)
+        steps = seen["scores"]
+        sampler = torch.zeros(b, c, device=device)
+        for j in range(min(c, len(steps))):
+            logp = steps[j].float().log_softmax(-1).to(device)
+            sampler[:, j] = logp.gather(-1, completion_ids[:, j, None]).squeeze(-1)
+        sampler = sampler.masked_fill(~generated, 0.0)
+        if "sampling_per_token_logps" in inputs:  # a sampler that reports its own log-probs
+            sampler = inputs["sampling_per_token_logps"].float()
+        return GenerationBatch(inputs, rewards.to(device), generated, sampler, rows)
+
+    # -- the protocol's views of the batch -----------------------------------------------------------------------
+    def _per_token(self, batch: GenerationBatch, completion: torch.Tensor) -> torch.Tensor:
+        return per_token(batch.prompt_len, completion)
+
+    def token_ids(self, batch):
+        return torch.cat([batch.inputs["prompt_ids"], batch.inputs["completion_ids"]], dim=1)
+
+    def _attention(self, batch):
+        return torch.cat([batch.inputs["prompt_mask"], batch.inputs["completion_mask"]], dim=1)
+
+    def policy_tokens(self, batch):
+        prompt = torch.zeros_like(batch.inputs["prompt_ids"], dtype=torch.bool)
+        return torch.cat([prompt, batch.generated], dim=1)
+
+    def rewards(self, batch):
+        return batch.rewards
+
+    def sampler_log_probs(self, batch):
+        return self._per_token(batch, batch.sampler_logps)
+
+    def action_mask(self, batch):
+        mask = batch.inputs["completion_mask"]
+        if "tool_mask" in batch.inputs:
+            mask = mask * batch.inputs["tool_mask"]
+        return self._per_token(batch, mask.float())
+
+    def advantages(self, batch):
+        adv = batch.inputs["advantages"]
+        if adv.dim() != 1:
+            raise TRLPreflightError(f"advantages of shape {tuple(adv.shape)}: the preflight checks one per episode")
+        return adv
+
+    def _completion_logps(self, model, batch, ids=None):
+        t = self.trainer
+        with self._bound(model) as t:
+            logps, _, _ = t._get_per_token_logps_and_entropies(
+                model, self.token_ids(batch) if ids is None else ids, self._attention(batch),
+                batch.inputs["completion_ids"].shape[1], batch_size=t.args.per_device_train_batch_size)
+        return logps
+
+    def log_probs(self, model, batch):
+        return self._per_token(batch, self._completion_logps(model, batch).float())
+
+    def old_log_probs(self, model, batch):
+        old = batch.inputs.get("old_per_token_logps")
+        if old is None:  # TRL then uses the current log-probs, detached (fully on-policy)
+            return self.log_probs(model, batch)
+        return self._per_token(batch, old.float())
+
+    def logits(self, model, batch):
+        with self._bound(model) as t, t.accelerator.autocast():
+            out = model(input_ids=self.token_ids(batch), attention_mask=self._attention(batch))
+        return out.logits[:, :-1].float() / t.temperature
+
+    def pad_batch(self, batch, extra):
+        inputs = dict(batch.inputs)
+        fill = {"completion_ids": self.pad_id}
+        for key in ("completion_ids", "completion_mask", "tool_mask", "old_per_token_logps", "ref_per_token_logps",
+                    "sampling_per_token_logps", "importance_sampling_ratio"):
+            value = inputs.get(key)
+            if torch.is_tensor(value) and value.dim() == 2 and value.shape[1] == batch.generated.shape[1]:
+                inputs[key] = F.pad(value, (0, extra), value=fill.get(key, 0))
+        return replace(batch, inputs=inputs, generated=F.pad(batch.generated, (0, extra), value=False),
+                       sampler_logps=F.pad(batch.sampler_logps, (0, extra), value=0.0))
+
+    # -- loss, backward, update ----------------------------------------------------------------------------------
+    def _rows(self, batch: GenerationBatch, rows) -> dict:
+        rows = torch.as_tensor(rows)
+        b = batch.inputs["prompt_ids"].shape[0]
+        out = {}
+        for key, value in batch.inputs.items():
+            if torch.is_tensor(value) and value.dim() >= 1 and value.shape[0] == b:
+                out[key] = value[rows]
+            elif isinstance(value, list) and len(value) == b:
+                out[key] = [value[i] for i in rows.tolist()]
+            else:
+                out[key] = value
+        mask = out["completion_mask"] * out["tool_mask"] if "tool_mask" in out else out["completion_mask"]
+        out["num_items_in_batch"] = mask.sum()
+        return out
+
+    def loss(self, model, batch, rows, ref_model=None, term="total"):
+        """``_compute_loss`` over ``rows`` in TRL's evaluation mode, which normalises them as one batch (no
+        gradient-accumulation scaling). ``term``: the KL term alone (advantages zeroed, no entropy bonus) or the
+        entropy bonus alone (advantages zeroed, ``beta`` 0), each as TRL's loss adds it."""
+        t = self.trainer
+        if term == "kl" and t.beta == 0.0 or term == "entropy" and not t._entropy_bonus_enabled:
+            return None
+        inputs = self._rows(batch, rows)
+        if ref_model is not None and t.beta != 0.0:
+            with torch.no_grad():
+                sub = replace(batch, inputs=inputs)
+                inputs["ref_per_token_logps"] = self._completion_logps(ref_model, sub)
+        if term != "total":
+            inputs["advantages"] = torch.zeros_like(inputs["advantages"])
+        with self._bound(model) as t:
+            if term == "kl":
+                t._entropy_bonus_enabled = False
+            elif term == "entropy":
+                t.beta = 0.0
+            was_training = model.training
+            model.eval()  # TRL's mode follows trainer.model.training
+            try:
+                return t._compute_loss(model, inputs)
+            finally:
+                model.train(was_training)
+
+    def backward(self, model, batch, rows, ref_model=None):
+        """One pass over the generation batch through ``training_step``, accumulated as one optimizer step."""
+        if sorted(torch.as_tensor(rows).tolist()) != list(range(batch.inputs["prompt_ids"].shape[0])):
+            raise ValueError("the TRL adapter accumulates whole generation batches: rows must be every row")
+        spg = self.trainer.args.steps_per_generation
+        self._micro_steps(model, batch, n_steps=spg, accumulate=spg)
+
+    def update(self, model, optimizer, ref_model, batch):
+        """One generation's worth of training: ``steps_per_generation * num_iterations`` micro-steps, an
+        optimizer step every ``gradient_accumulation_steps``, as ``transformers.Trainer`` runs them."""
+        t = self.trainer
+        ratios: list = []
+        with _ratio_probe(t, ratios):
+            self._micro_steps(model, batch, n_steps=self.micro_steps_per_generation,
+                              accumulate=t.args.gradient_accumulation_steps, optimizer=optimizer, ref_model=ref_model)
+        if not ratios:
+            raise TRLPreflightError("the trainer's loss never reached GRPOTrainer._compute_loss: the PPO ratio of "
+                                    "the update could not be measured")
+        return {"ratio_max": max(r[0] for r in ratios), "ratio_min": min(r[1] for r in ratios)}
+
+    def _micro_steps(self, model, batch, n_steps, accumulate, optimizer=None, ref_model=_MISSING):
+        with self._bound(model, ref_model) as t, torch.random.fork_rng(), _feeding(t, batch):
+            torch.manual_seed(self.seed)  # TRL shuffles the generation batch: the same order on every call
+            t.optimizer = optimizer
+            t._step, t._buffered_inputs = 0, None
+            model.train()
+            model.zero_grad()
+            for step in range(n_steps):
+                sync = (step + 1) % accumulate == 0 or step + 1 == n_steps
+                t.current_gradient_accumulation_steps = accumulate
+                t.accelerator.gradient_state._set_sync_gradients(sync)
+                t.training_step(model, [dict(r) for r in batch.prompt_rows], None)
+                if sync and optimizer is not None:
+                    if t.args.max_grad_norm is not None and t.args.max_grad_norm > 0:
+                        t._clip_grad_norm(model)
+                    optimizer.step()
+                    model.zero_grad()
+
+    # -- checkpoints and short runs ---------------------------------------------------------------------------
+    def save(self, model, path):
+        with self._bound(model) as t:
+            t.save_model(str(path))
+
+    def load(self, path):
+        t = self.trainer
+        kwargs = dict(t.args.model_init_kwargs or {})
+        kwargs.setdefault("dtype", t.model.dtype)
+        kwargs.setdefault("attn_implementation", t.model.config._attn_implementation)
+        model = trl_utils.create_model_from_path(str(path), **kwargs)
+        if t.args.disable_dropout:
+            trl_utils.disable_dropout_in_model(model)
+        params = _fused_patch(t.model)
+        if params is not None:
+            trl_utils.add_fused_lm_head(model, **params)
+        return model
+
+    def run_signature(self, seed, steps):
+        """Rewards, losses and gradient norms of ``steps`` real ``trainer.train()`` steps of a fresh trainer
+        from the factory (no callbacks but the flow control, nothing saved or reported)."""
+        from transformers.trainer_callback import DefaultFlowCallback
+        from transformers.trainer_utils import set_seed
+
+        trainer = self.factory()
+        with tempfile.TemporaryDirectory() as tmp:
+            args = trainer.args
+            args.max_steps, args.output_dir, args.logging_steps = steps, tmp, 1
+            args.save_strategy, args.eval_strategy, args.push_to_hub = "no", "no", False
+            trainer.log_completions = False
+            handler = trainer.callback_handler
+            handler.callbacks = [cb for cb in handler.callbacks if isinstance(cb, DefaultFlowCallback)]
+            set_seed(seed)
+            trainer.train()
+        keys = ("reward", "loss", "grad_norm", "completions/mean_length")
+        return [tuple(row.get(k) for k in keys) for row in trainer.state.log_history if "reward" in row]
+
+    # -- binding the trainer to the suite's copies ------------------------------------------------------------------
+    @contextlib.contextmanager
+    def _bound(self, model, ref_model=_MISSING):
+        t = self.trainer
+        saved = {k: t.__dict__.get(k, _MISSING) for k in _BOUND}
+        t.model = t.model_wrapped = model
+        if ref_model is not _MISSING:
+            t.ref_model = ref_model
+        t._metrics = {"train": defaultdict(list), "eval": defaultdict(list)}  # the preflight logs nothing
+        native_amp = t.accelerator.native_amp
+        if not self.autocast:
+            t.accelerator.native_amp = False  # accelerator.autocast() is then a no-op: float32
+        try:
+            yield t
+        finally:
+            t.accelerator.native_amp = native_amp
+            for key, value in saved.items():
+                if value is _MISSING:
+                    t.__dict__.pop(key, None)
+                else:
+                    t.__dict__[key] = value
+
+
+def policy_written(trainer, generated_output: tuple, width: int) -> torch.Tensor:
+    """bool [B, width]: the completion tokens the sampler wrote and the trainer is meant to train.
+
+    ``generated_output`` is what ``trainer._generate`` returned (its completion ids, and the tool mask of
+    multi-turn rollouts: tool-output tokens are not the policy's). Truncated completions are excluded when the
+    trainer is configured with ``mask_truncated_completions``: they are deliberately not trained.
+    """
+    _, completion_ids_list, tool_mask_list, *_ = generated_output
+    out = torch.zeros(len(completion_ids_list), width, dtype=torch.bool)
+    eos_and_pad = [*trainer.eos_token_ids, trainer._tokenizer.pad_token_id]
+    for i, ids in enumerate(completion_ids_list):
+        n = min(len(ids), width)
+        out[i, :n] = True
+        if tool_mask_list is not None:
+            out[i, :n] &= torch.as_tensor(list(tool_mask_list[i])[:n]).bool()
+        if trainer.mask_truncated_completions and ids and ids[-1] not in eos_and_pad:
+            out[i] = False
+    return out
+
+
+def per_token(prompt_len: int, completion: torch.Tensor) -> torch.Tensor:
+    """[B, C] over the completion -> [B, P+C-1] aligned to ``ids[:, 1:]`` of ``ids = cat(prompt, completion)``
+    (zeros over the prompt): TRL's per-token tensors in the layout of rlguard's contracts and checks."""
+    b, c = completion.shape[:2]
+    out = completion.new_zeros((b, prompt_len + c - 1) + tuple(completion.shape[2:]))
+    out[:, prompt_len - 1:] = completion
+    return out
+
+
+def _correspondence(original: torch.nn.Module, copy_: torch.nn.Module) -> dict:
+    """``deepcopy`` memo mapping ``original``'s modules, parameters and buffers onto ``copy_``'s."""
+    memo: dict = {}
+    for (_, a), (_, b) in zip(original.named_modules(remove_duplicate=False),
+                              copy_.named_modules(remove_duplicate=False)):
+        memo[id(a)] = b
+    pairs = zip(list(original.named_parameters(remove_duplicate=False))
+                + list(original.named_buffers(remove_duplicate=False)),
+                list(copy_.named_parameters(remove_duplicate=False)) + list(copy_.named_buffers(remove_duplicate=False)))
+    for (_, a), (_, b) in pairs:
+        memo[id(a)] = b
+    memo[id(memo)] = [original]  # deepcopy's keep-alive list: the originals outlive the copy
+    return memo
+
+
+@contextlib.contextmanager
+def _observe(trainer, name: str, seen: dict):
+    """Wrap ``trainer.<name>`` on the instance for one call: its result is kept in ``seen[name]``."""
+    bound = getattr(trainer, name)
+
+    def observed(*args, **kwargs):
+        result = bound(*args, **kwargs)
+        seen[name] = result
+        return result
+
+    setattr(trainer, name, observed)
+    try:
+        yield
+    finally:
+        trainer.__dict__.pop(name, None)
+
+
+@contextlib.contextmanager
+def _sampler(model, seen: dict):
+    """Keep the processed scores of ``model.generate`` (the distribution each sampled token was drawn from)."""
+    generate = model.generate
+    seen["scores"] = ()
+
+    def generate_with_scores(*args, **kwargs):
+        config = kwargs.get("generation_config")
+        if config is not None:  # TRL passes one: ask it (a copy) for the scores, not a second set of arguments
+            config = copy.deepcopy(config)
+            config.output_scores = config.return_dict_in_generate = True
+            kwargs["generation_config"] = config
+        else:
+            kwargs.update(output_scores=True, return_dict_in_generate=True)
+        out = generate(*args, **kwargs)
+        seen["scores"] = tuple(s.detach() for s in out.scores)
+        return out.sequences
+
+    model.generate = generate_with_scores
+    try:
+        yield
+    finally:
+        model.__dict__.pop("generate", None)
+
+
+@contextlib.contextmanager
+def _feeding(trainer, batch: GenerationBatch):
+    """TRL's ``_prepare_inputs`` runs as in training, but its generation returns ``batch`` (a fresh dict)."""
+    trainer._generate_and_score_completions = lambda _rows: dict(batch.inputs)
+    try:
+        yield
+    finally:
+        trainer.__dict__.pop("_generate_and_score_completions", None)
+
+
+@contextlib.contextmanager
+def _ratio_probe(trainer, ratios: list):
+    """Record (max, min) of the PPO ratio each ``GRPOTrainer._compute_loss`` call of ``trainer`` uses.
+
+    The probe sits on ``GRPOTrainer`` itself for the duration of the update, so that it sees the inputs the loss
+    really gets, after any override of ``_compute_loss`` or ``_prepare_inputs`` in the user's subclass. The
+    log-probs are the ones the loss computes (its first call of ``_get_per_token_logps_and_entropies`` with
+    autograd on), not a second forward pass.
+    """
+    original = GRPOTrainer.__dict__["_compute_loss"]
+    frames: list = []
+
+    def probed(self, model, inputs):
+        if self is not trainer:
+            return original(self, model, inputs)
+        frame = {"inputs": inputs, "logps": None}
+        frames.append(frame)
+        try:
+            return original(self, model, inputs)
+        finally:
+            frames.pop()
+            if frame["logps"] is not None:
+                ratios.append(_ratio_range(frame["inputs"], frame["logps"]))
+
+    logps_of = trainer._get_per_token_logps_and_entropies
+
+    def observed_logps(*args, **kwargs):
+        out = logps_of(*args, **kwargs)
+        if frames and frames[-1]["logps"] is None and torch.is_grad_enabled():
+            frames[-1]["logps"] = out[0].detach()
+        return out
+
+    GRPOTrainer._compute_loss = probed
+    trainer._get_per_token_logps_and_entropies = observed_logps
+    try:
+        yield
+    finally:
+        GRPOTrainer._compute_loss = original
+        trainer.__dict__.pop("_get_per_token_logps_and_entropies", None)
+
+
+def _ratio_range(inputs: dict, logps: torch.Tensor) -> tuple[float, float]:
+    mask = inputs["completion_mask"] * inputs["tool_mask"] if "tool_mask" in inputs else inputs["completion_mask"]
+    old = inputs.get("old_per_token_logps")
+    if old is None or not mask.any():  # TRL then uses logps.detach(): the ratio is exactly 1
+        return 1.0, 1.0
+    ratio = torch.exp(logps.float() - old.float())[mask.bool()]
+    return float(ratio.max()), float(ratio.min())
+
+
+# ---------------------------------------------------------------------------------------------- configuration
+
+
+def unsupported_configuration(trainer) -> None:
+    """``TRLPreflightError`` for configurations the preflight cannot run faithfully (each names the setting)."""
+    t, args = trainer, trainer.args
+    problems = []
+    if t.accelerator.num_processes > 1 or t.is_deepspeed_enabled or t.is_fsdp_enabled:
+        problems.append("more than one process (or DeepSpeed/FSDP): run the preflight in one process")
+    if t.use_vllm:
+        problems.append("use_vllm=True: the preflight samples with the transformers generation path; set "
+                        "use_vllm=False in the trainer it builds")
+    if getattr(t, "use_transformers_continuous_batching", False):
+        problems.append("use_transformers_continuous_batching=True")
+    if t.tools or t.environment_factories is not None or t.rollout_func is not None:
+        problems.append("tools, environment_factory or rollout_func (multi-turn rollouts are not supported yet)")
+    if getattr(t, "_is_vlm", False):
+        problems.append("a vision-language model")
+    if is_peft_model(t.model):
+        problems.append("a PEFT model (the reference is the base model with the adapter off; not supported yet)")
+    if args.cast_lm_head_to_fp32:
+        problems.append("cast_lm_head_to_fp32=True (TRL patches lm_head with a closure over the original module, "
+                        "so a copy of the model would run the original's head)")
+    if _fused_patch(t.model) is None:
+        problems.append("the model has no TRL fused log-prob head (was it replaced after the trainer was built?)")
+    if problems:
+        raise TRLPreflightError("the TRL preflight does not support " + "; ".join(problems))
+
+
+# ---------------------------------------------------------------------------------------------- entry points
+
+
+def load_trainer_factory(spec: str) -> Callable[[], GRPOTrainer]:
+    """``"module:function"`` -> the function (the current directory first on ``sys.path``, as ``python -m``)."""
+    from rlguard.preflight.adapter import import_object
+
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise ValueError(f"expected MODULE:FUNCTION, e.g. my_script:make_trainer, got {spec!r}")
+    factory = import_object(spec)
+    if not callable(factory):
+        raise TypeError(f"{spec!r} is not callable: it must be a function returning a GRPOTrainer")
+    return factory
+
+
+def adapter_from_factory(factory: Callable[[], GRPOTrainer], seed: int = 0) -> GRPOAdapter:
+    trainer = factory()
+    if not isinstance(trainer, GRPOTrainer):
+        raise TypeError(f"the trainer factory returned {type(trainer).__name__}, not a trl.GRPOTrainer")
+    return GRPOAdapter(trainer, factory=factory, seed=seed)
+
+
+def preflight(trainer_or_factory, seed: int = 0, only=None, progress=None):
+    """Run rlguard's preflight suite on a ``GRPOTrainer`` (or a function returning one) -> ``Report``."""
+    from rlguard.preflight.suite import run_suite
+
+    if isinstance(trainer_or_factory, GRPOTrainer):
+        adapter = GRPOAdapter(trainer_or_factory, seed=seed)
+    elif callable(trainer_or_factory):
+        adapter = adapter_from_factory(trainer_or_factory, seed=seed)
+    else:
+        raise TypeError(f"preflight() takes a GRPOTrainer or a function returning one, got "
+                        f"{type(trainer_or_factory).__name__}")
+    return run_suite(adapter, seed=seed, only=only, progress=progress)

@@ -1,0 +1,199 @@
+"""A tiny real ``trl.GRPOTrainer`` for the TRL tests, built in code (nothing downloaded), and the seeded faults.
+
+The policy is a 2-layer Llama of hidden size 32 over a 32-word vocabulary with a word-level tokenizer; it is
+saved with ``save_pretrained`` to a temporary folder because TRL builds its reference model from the policy's
+path. The reward pays completions that use the words ``w3``..``w9`` and stop early, so rewards vary within
+every group of samples.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+
+import torch
+
+WORDS = ["<pad>", "<eos>", "<bos>", "<unk>"] + [f"w{i}" for i in range(28)]
+GOOD = {f"w{i}" for i in range(3, 10)}
+MODEL_SIZE = {"hidden_size": 32, "num_hidden_layers": 2}  # the benchmark sizes it up
+_MODEL_DIRS: dict[tuple, str] = {}
+_SCRATCH: list[str] = []  # this process's folder for the model and the trainers' output_dir, removed at exit
+
+
+def scratch(prefix: str) -> str:
+    if not _SCRATCH:
+        _SCRATCH.append(tempfile.mkdtemp(prefix="rlguard-trl-"))
+        atexit.register(shutil.rmtree, _SCRATCH[0], True)
+    return tempfile.mkdtemp(prefix=prefix, dir=_SCRATCH[0])
+
+
+def tokenizer():
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(WORDS)}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>", bos_token="<bos>",
+                                   unk_token="<unk>")
+
+
+def model_dir(seed: int = 0) -> str:
+    """A folder with the tiny policy and its tokenizer (made once per process, seed and size)."""
+    key = (seed, MODEL_SIZE["hidden_size"], MODEL_SIZE["num_hidden_layers"])
+    if key not in _MODEL_DIRS:
+        from transformers import LlamaConfig, LlamaForCausalLM
+
+        torch.manual_seed(seed)
+        hidden = MODEL_SIZE["hidden_size"]
+        config = LlamaConfig(vocab_size=len(WORDS), hidden_size=hidden, intermediate_size=2 * hidden,
+                             num_hidden_layers=MODEL_SIZE["num_hidden_layers"], num_attention_heads=4,
+                             num_key_value_heads=4, max_position_embeddings=64, pad_token_id=0, eos_token_id=1,
+                             bos_token_id=2, tie_word_embeddings=False)
+        path = scratch("model-")
+        LlamaForCausalLM(config).save_pretrained(path)
+        tokenizer().save_pretrained(path)
+        _MODEL_DIRS[key] = path
+    return _MODEL_DIRS[key]
+
+
+def reward_good_words(completions, **kwargs):
+    """Fraction of good words, minus a little per word: rewards differ within each group."""
+    out = []
+    for text in completions:
+        words = text.split()
+        out.append(sum(w in GOOD for w in words) / (1 + len(words)) - 0.01 * len(words))
+    return out
+
+
+def dataset(n: int = 16):
+    from datasets import Dataset
+
+    return Dataset.from_dict({"prompt": [f"w{i} w{i + 1} w{i + 2}" for i in range(4, 4 + n)]})
+
+
+# One generation of 8 episodes (2 prompts x G=4) in 2 micro-batches of 4 accumulated into one optimizer step.
+CONFIG = dict(per_device_train_batch_size=4, gradient_accumulation_steps=2, num_generations=4,
+              max_completion_length=6, max_steps=2, learning_rate=1e-2, report_to="none", logging_steps=1,
+              save_strategy="no", use_cpu=True, seed=0, beta=0.0, disable_tqdm=True)
+
+
+def make_trainer(cls=None, callbacks=None, output_dir=None, **overrides):
+    """A ``GRPOTrainer`` (or subclass ``cls``) on the tiny model; ``overrides`` are ``GRPOConfig`` fields."""
+    from trl import GRPOConfig, GRPOTrainer
+
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    output_dir = output_dir or scratch("out-")
+    from transformers.trainer_callback import PrinterCallback
+
+    args = GRPOConfig(output_dir=output_dir, **{**CONFIG, **overrides})
+    trainer = (cls or GRPOTrainer)(model=model_dir(), reward_funcs=reward_good_words, args=args,
+                                   train_dataset=dataset(), processing_class=tokenizer(), callbacks=callbacks)
+    trainer.remove_callback(PrinterCallback)  # the tests read trainer.state.log_history instead
+    return trainer
+
+
+# -------------------------------------------------------------------------------- seeded faults (small subclasses)
+
+
+def fault_classes():
+    """name -> ``Fault``: a small subclass of GRPOTrainer or a configuration that seeds one catalog fault."""
+    from trl import GRPOTrainer
+
+    from rlguard.catalog import BY_NAME
+
+    class ShiftedCompletionMask(GRPOTrainer):
+        """RLG001: the completion mask moved one token right (a pad on the wrong side)."""
+
+        def _generate_and_score_completions(self, inputs):
+            out = super()._generate_and_score_completions(inputs)
+            out["completion_mask"] = torch.nn.functional.pad(out["completion_mask"], (1, 0))[:, :-1]
+            return out
+
+    class NegatedAdvantages(GRPOTrainer):
+        """RLG005: advantages with the wrong sign."""
+
+        def _generate_and_score_completions(self, inputs):
+            out = super()._generate_and_score_completions(inputs)
+            out["advantages"] = -out["advantages"]
+            return out
+
+    class ReferenceIsPolicy(GRPOTrainer):
+        """RLG008: the KL reference is the live policy."""
+
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.ref_model = self.model  # noqa: RLG008 - the ref_is_policy fault, seeded on purpose
+
+    class WholeBatchBaseline(GRPOTrainer):
+        """RLG009: advantages centred on the whole batch's mean reward instead of each group's."""
+
+        def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+            self._rewards = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+            return self._rewards
+
+        def _generate_and_score_completions(self, inputs):
+            out = super()._generate_and_score_completions(inputs)
+            rewards = (self._rewards * self.reward_weights.unsqueeze(0)).nansum(dim=1)
+            out["advantages"] = (rewards - rewards.mean()) / (rewards.std() + 1e-4)
+            return out
+
+    class SamplerTemperature(GRPOTrainer):
+        """RLG007: generation samples at 0.7 while the loss scores at the configured temperature."""
+
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.generation_config.temperature = 0.7
+
+    class OldLogpsRecomputed(GRPOTrainer):
+        """RLG002: with num_iterations > 1, old log-probs recomputed from the current weights every micro-step."""
+
+        def _prepare_inputs(self, generation_batch):
+            inputs = super()._prepare_inputs(generation_batch)
+            if self.model.training:
+                ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
+                mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
+                with torch.no_grad():
+                    logps, _, _ = self._get_per_token_logps_and_entropies(
+                        self.model, ids, mask, inputs["completion_ids"].shape[1])
+                inputs = {**inputs, "old_per_token_logps": logps}
+            return inputs
+
+    return {
+        "mask_shift": Fault(ShiftedCompletionMask, {}, "mask_policy", BY_NAME["mask-not-shifted"].code),
+        "sign_flip": Fault(NegatedAdvantages, {}, "advantage_direction", BY_NAME["advantage-sign"].code),
+        "ref_is_policy": Fault(ReferenceIsPolicy, {"beta": 0.1}, "kl_positive", BY_NAME["reference-alias"].code),
+        "group_mean_batch": Fault(WholeBatchBaseline, {}, "group_mean", BY_NAME["group-baseline"].code),
+        # TRL's own "bnpo" loss is a per-micro-batch token mean divided by the accumulation steps; "dapo" (the
+        # default) divides by the generation batch's token count
+        "accum_local": Fault(GRPOTrainer, {"loss_type": "bnpo"}, "accumulation", BY_NAME["accumulation-scale"].code,
+                             healthy={"loss_type": "dapo"}),
+        "sampler_temp": Fault(SamplerTemperature, {}, "sampler_logp", BY_NAME["sampler-trainer-mismatch"].code),
+        "stale_old_logp": Fault(OldLogpsRecomputed, {"num_iterations": 2}, "old_logp_frozen",
+                                BY_NAME["old-logp-recomputed"].code),
+        # signs through the configuration alone: the loss subtracts coef * entropy and adds beta * KL
+        "entropy_sign": Fault(GRPOTrainer, {"entropy_coef": -0.01}, "entropy_direction",
+                              BY_NAME["entropy-bonus-sign"].code, healthy={"entropy_coef": 0.01}),
+        "kl_sign": Fault(GRPOTrainer, {"beta": -0.1}, "kl_direction", BY_NAME["kl-sign"].code,
+                         healthy={"beta": 0.1}),
+    }
+
+
+@dataclass
+class Fault:
+    """A seeded fault: the trainer class and config that carry it, the check that must fail, its code; the
+    healthy twin is ``GRPOTrainer`` with ``healthy`` (default: the fault's config) instead."""
+
+    cls: type
+    config: dict
+    check: str
+    code: str
+    healthy: dict | None = None
+
+    def faulty_trainer(self):
+        return make_trainer(self.cls, **self.config)
+
+    def healthy_trainer(self):
+        return make_trainer(**(self.config if self.healthy is None else self.healthy))
