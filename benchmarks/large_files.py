@@ -6,7 +6,7 @@ file's alone:
   (a) libcst ``parse_module`` alone (time, peak RSS);
   (b) ``rlguard lint --no-cache --isolated FILE`` end to end (wall time, peak RSS; goal: within 2x of (a));
   (c) the engine alone (``lint_source``, no process start nor imports) and its stage timings for the same file (``lint_source(..., timings=...)``): CPython's syntax check,
-      the trigger prescan, libcst's parse, the ModuleContext index walk, each rule, positions, noqa.
+      the trigger search, libcst's parse, the analysis index, each rule, positions, noqa.
 
 Two kinds of file: ``table``, a generated module (an OpInfo-style table of N entries, as torch's
 common_methods_invocations.py) ending in a small trainer with one RLG004 bug, so every rule runs over the whole
@@ -163,7 +163,7 @@ def measure(kind: str, sizes: list[int], scratch: Path, runs: int) -> list[dict]
     return rows
 
 
-STAGES = ("syntax", "prescan", "parse", "context", "rules", "positions", "noqa")
+STAGES = ("syntax", "triggers", "parse", "context", "rules", "positions", "noqa")
 
 
 def _stage_seconds(stages: dict[str, float]) -> dict[str, float]:

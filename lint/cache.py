@@ -32,14 +32,15 @@ FORMAT = "v1"
 _TAG = ("Signature: 8a477f597d28d172789f06886806bc55\n"
         "# This file is a cache directory tag created by rlguard.\n"
         "# For information about cache directory tags see https://bford.info/cachedir/\n")
-_FINDING_SOURCES = ("engine.py", "names.py", "rule.py", "prescan.py", "noqa.py")
+_FINDING_SOURCES = ("engine.py", "names.py", "rule.py", "triggers.py", "noqa.py")
 _FIELDS = ("line", "col", "end_line", "end_col", "code", "name", "message", "severity", "fixable")
 
 
 @lru_cache(maxsize=1)
 def rules_fingerprint() -> str:
-    """A hash of the source that decides a file's findings: the engine, the context, the names, the prescan, the
-    noqa comments and every rule module (not the CLI, the output formats or the docs, whose edits change no finding)."""
+    """A hash of the source that decides a file's findings: the engine, the names, the trigger search, the noqa
+    comments, the analysis core and every rule module (not the CLI, the output formats or the docs, whose edits
+    change no finding)."""
     lint_dir = Path(__file__).resolve().parent
     digest = hashlib.sha256(__version__.encode())
     for path in sorted([*(lint_dir / name for name in _FINDING_SOURCES), *lint_dir.glob("rules/*.py"),

@@ -15,7 +15,9 @@ own findings on that file, reported as an RLG902 finding while the other rules' 
 from __future__ import annotations
 
 import dataclasses
+import gc
 import io
+import queue
 import re
 import sys
 import threading
@@ -32,7 +34,7 @@ from libcst._position import CodePosition, CodeRange
 from libcst.metadata.position_provider import PositionProvidingCodegenState
 
 from rlguard.catalog import CODES, INTERNAL_ERROR, PARSE_ERROR, UNUSED_NOQA
-from rlguard.lint import noqa, prescan
+from rlguard.lint import noqa
 from rlguard.lint.analysis import Analysis
 from rlguard.lint.analysis.summaries import Project, summarise_module
 from rlguard.lint.names import Vocabulary
@@ -121,40 +123,69 @@ def _raised_recursion_limit() -> Iterator[None]:
 def run_deep(fn: Callable[..., T], *args, **kwargs) -> T:
     """``fn(*args, **kwargs)`` on a thread with a :data:`DEEP_STACK_BYTES` stack under a raised recursion limit,
     so that recursion over a deep but valid tree (libcst's, the rules') neither overflows the C stack nor hits
-    Python's default limit of 1000. Exceptions propagate to the caller."""
+    Python's default limit of 1000. Exceptions propagate to the caller. The thread is started once and reused:
+    a new thread per file would fault in fresh stack pages for every file's deep walks."""
     if getattr(_in_deep_thread, "active", False):
         return fn(*args, **kwargs)
-    box: dict = {}
+    worker = _deep_worker()
+    if worker is None:  # no thread to be had (memory limits): run here
+        with _raised_recursion_limit():
+            return fn(*args, **kwargs)
+    return worker.run(fn, args, kwargs)
 
-    def target() -> None:
+
+class _DeepWorker:
+    """One long-lived thread with a large stack that runs the per-file work handed to it, one call at a time."""
+
+    def __init__(self):
+        self._jobs: queue.Queue = queue.Queue()
+        self._call_lock = threading.Lock()
+        self.thread = threading.Thread(target=self._loop, name="rlguard-lint-deep", daemon=True)
+
+    def _loop(self) -> None:
         _in_deep_thread.active = True
-        try:
-            box["value"] = fn(*args, **kwargs)
-        except BaseException as exc:  # handed to the caller's thread
-            box["error"] = exc
-
-    with _raised_recursion_limit():
-        worker = None
-        with _stack_lock:  # stack_size is process-wide: set it only for the thread started here
+        while True:
+            fn, args, kwargs, box, done = self._jobs.get()
             try:
-                previous = threading.stack_size(DEEP_STACK_BYTES)
-            except (ValueError, RuntimeError):  # a platform that refuses the size
-                previous = None
-            try:
-                worker = threading.Thread(target=target, name="rlguard-lint-file", daemon=True)
-                worker.start()
-            except (RuntimeError, MemoryError):  # no thread to be had (memory limits): run here
-                worker = None
+                with _raised_recursion_limit():
+                    box["value"] = fn(*args, **kwargs)
+            except BaseException as exc:  # handed to the caller's thread
+                box["error"] = exc
             finally:
-                if previous is not None:
-                    threading.stack_size(previous)
-        if worker is None:
-            target()
-        else:
-            worker.join()
-    if "error" in box:
-        raise box["error"]
-    return box["value"]
+                done.set()
+
+    def run(self, fn, args, kwargs):
+        box: dict = {}
+        done = threading.Event()
+        with self._call_lock:  # one file at a time
+            self._jobs.put((fn, args, kwargs, box, done))
+            done.wait()
+        if "error" in box:
+            raise box["error"]
+        return box["value"]
+
+
+_WORKER: list = []
+
+
+def _deep_worker() -> "_DeepWorker | None":
+    with _stack_lock:
+        if _WORKER and (_WORKER[0] is None or _WORKER[0].thread.is_alive()):
+            return _WORKER[0]
+        worker = _DeepWorker()
+        try:  # stack_size is process-wide: set it only for the thread started here
+            previous = threading.stack_size(DEEP_STACK_BYTES)
+        except (ValueError, RuntimeError):  # a platform that refuses the size
+            previous = None
+        try:
+            worker.thread.start()
+        except (RuntimeError, MemoryError):
+            worker = None
+        finally:
+            if previous is not None:
+                threading.stack_size(previous)
+        _WORKER[:] = [worker]
+        return worker
 
 
 # ----- reading and syntax ------------------------------------------------------------------------------------------
@@ -207,7 +238,7 @@ def parse(source: str, path: str, target: tuple[int, int] | None = None) -> tupl
         return None, _parse_error(path, f"cannot parse ({type(exc).__name__}: {exc})")
 
 
-def check_syntax(source: str, path: str, target: tuple[int, int] | None = None
+def check_syntax(source: str, path: str, target: tuple[int, int] | None = None, will_parse: bool = False
                  ) -> tuple[Finding | None, cst.Module | None]:
     """Whether the source is valid Python for ``target`` ((3, 12); None: the newest grammar rlguard knows).
 
@@ -218,6 +249,12 @@ def check_syntax(source: str, path: str, target: tuple[int, int] | None = None
     running = sys.version_info[:2]
     older_than_target = target is None or target > running
     cpython: Finding | None = None
+    if will_parse and older_than_target:
+        # the file is parsed with libcst anyway, and libcst's grammar is the one that decides for this target:
+        # parse once (CPython's parser only words the message when libcst rejects the file)
+        module, error = parse(source, path, target)
+        if module is not None:
+            return None, module
     try:
         if older_than_target or target == running:
             compile(source, path, "exec", _ONLY_AST, dont_inherit=True)
@@ -356,8 +393,23 @@ def lint_source(source: str, path: str = "<string>", rules: Iterable[type[Rule]]
     this file's own summaries (``module_name``) are kept for the files linted after it. Never raises for bad
     input: a file that does not parse becomes a single RLG900 finding, a rule that fails an
     :class:`InternalError` in ``errors``."""
-    return run_deep(_lint_source, source, path, rules, vocabulary, fix, target_version, unused_noqa,
-                    _Clock(timings), project, module_name, summarise)
+    with _gc_paused():
+        return run_deep(_lint_source, source, path, rules, vocabulary, fix, target_version, unused_noqa,
+                        _Clock(timings), project, module_name, summarise)
+
+
+@contextmanager
+def _gc_paused() -> Iterator[None]:
+    """No cyclic garbage collection while one file is linted: a file's trees and tables are built and dropped
+    together (reference counting frees them), and the collector's passes over a growing libcst tree cost about
+    a tenth of the lint. It runs again, as usual, between files."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 def _lint_source(source: str, path: str, rules: Iterable[type[Rule]] | None, vocabulary: Vocabulary | None,
@@ -369,14 +421,13 @@ def _lint_source(source: str, path: str, rules: Iterable[type[Rule]] | None, voc
         project.begin_file()
     source = source[1:] if source.startswith("\ufeff") else source  # text read without utf-8-sig
     rule_classes = list(all_rules().values() if rules is None else rules)
-    lowered, memo = source.lower(), {}
-    with clock("prescan"):
-        # the literal words a trigger needs are checked first (memory speed); the trigger regex only where they are
-        candidates = [r for r in rule_classes if prescan.may_fire(r._trigger_re, lowered, memo) and r.may_fire(source)]
+    lowered = source.lower()
+    with clock("triggers"):
+        candidates = [r for r in rule_classes if r.may_fire(source, lowered)]
         if len(candidates) < len(rule_classes) and vocabulary is not None and _mentions_extra_names(vocabulary, source):
             candidates = rule_classes  # the triggers know the built-in names only, not the user's own
     with clock("syntax"):
-        error, module = check_syntax(source, path, target)
+        error, module = check_syntax(source, path, target, will_parse=bool(candidates))
     if error is not None:
         result.findings.append(error)
         return result
@@ -412,6 +463,7 @@ def _lint_source(source: str, path: str, rules: Iterable[type[Rule]] | None, voc
                     project.record(source, summarise_module(ctx, module_name))
             except Exception as exc:  # summaries help other files: a failure costs their precision only
                 result.errors.append(internal_error(path, None, exc))
+        ctx.release()  # the facets refer back to the analysis: free the file's tables without the collector
     if project is not None:
         result.depends = dict(project.consulted)
 

@@ -41,13 +41,15 @@ class Analysis:
                  project: "Project | None" = None, module_name: str | None = None):
         self.module = module
         self.path = path
-        self.names = vocabulary or Vocabulary()
+        self.names = vocabulary or _default_vocabulary()
         self.index = ModuleIndex(module)
         self.flow = Flow(self.index)
         self.project = project
         self.module_name = module_name
         self.cache: dict[str, object] = {}  # per-module facts of the facets, by facet name
         self._callees: dict[int, cst.FunctionDef | None] = {}
+        self._call_names: dict[int, str | None] = {}
+        self._module_functions: dict[int, bool] = {}
 
     # ----- structure (delegated to the index) --------------------------------------------------------------
     def nodes(self, *types: type) -> list[cst.CSTNode]:
@@ -81,12 +83,16 @@ class Analysis:
     # ----- names and calls -----------------------------------------------------------------------------------
     def call_name(self, call: cst.Call) -> str | None:
         """The qualified name of what ``call`` calls (``F.pad`` -> ``torch.nn.functional.pad``), or None."""
+        cache = self._call_names
+        hit = cache.get(id(call), _MISSING)
+        if hit is not _MISSING:
+            return hit
         name = self.index.qualified_name(call.func)
-        if name is None:
-            return None
-        head, _, rest = name.partition(".")
-        if head in _CONVENTIONAL and head not in self.index.imports and rest:
-            return f"{_CONVENTIONAL[head]}.{rest}"
+        if name is not None:
+            head, _, rest = name.partition(".")
+            if head in _CONVENTIONAL and head not in self.index.imports and rest:
+                name = f"{_CONVENTIONAL[head]}.{rest}"
+        cache[id(call)] = name
         return name
 
     def qualified_name(self, expr: cst.BaseExpression) -> str | None:
@@ -95,17 +101,30 @@ class Analysis:
     def is_module_function(self, call: cst.Call) -> bool:
         """``torch.roll(...)``, ``F.pad(...)``, ``np.mean(...)``: a function of an imported module, not a method of
         a value."""
-        dotted = dotted_name(call.func)
-        if dotted is None or "." not in dotted:
+        hit = self._module_functions.get(id(call))
+        if hit is None:
+            hit = self._module_functions[id(call)] = self._is_module_function(call)
+        return hit
+
+    def _is_module_function(self, call: cst.Call) -> bool:
+        func = call.func
+        if type(func) is not cst.Attribute:
             return False
-        head = dotted.split(".", 1)[0]
+        head = func.value
+        while type(head) is cst.Attribute:
+            head = head.value
+        if type(head) is not cst.Name:
+            return False
+        head = head.value
+        if head in self.index.imports:
+            return all(d.kind == "import" for d in self.flow.reaching(head, call))
         if head in _CONVENTIONAL or head in ("torch", "math", "numpy", "random", "os", "copy", "functools"):
-            return not any(d.kind not in ("import",) for d in self.flow.reaching(head, call)) or head in self.index.imports
-        return head in self.index.imports and all(d.kind == "import" for d in self.flow.reaching(head, call))
+            return not any(d.kind != "import" for d in self.flow.reaching(head, call))
+        return False
 
     def method(self, call: cst.Call) -> str | None:
         """The method name of ``x.m(...)`` when ``x`` is a value (not a module: ``F.pad(...)`` has none)."""
-        if isinstance(call.func, cst.Attribute) and not self.is_module_function(call):
+        if type(call.func) is cst.Attribute and not self.is_module_function(call):
             return call.func.attr.value
         return None
 
@@ -156,11 +175,18 @@ class Analysis:
         return found
 
     def _callee(self, call: cst.Call) -> cst.FunctionDef | None:
+        # cheap tests first: only a name the module defines can be one of its functions, and only a class of
+        # the module with a `forward`/`__call__` (or that method) can make `obj(...)` / `obj.m(...)` run its code
+        index = self.index
         func = call.func
+        callable_classes = self._callable_classes()
         if isinstance(func, cst.Name):
-            found = self.function_named(func.value, call)
-            if found is not None:
-                return found
+            if func.value in index.functions:
+                found = self.function_named(func.value, call)
+                if found is not None:
+                    return found
+            if not callable_classes:
+                return None
             cls = self.instance_class(func)
             return self._call_method(cls) if cls is not None else None
         if isinstance(func, cst.Attribute):
@@ -168,19 +194,39 @@ class Analysis:
             name = func.attr.value
             if isinstance(receiver, cst.Name) and receiver.value in ("self", "cls"):
                 cls = self.enclosing_class(call)
-                if cls is not None:
+                if cls is not None and name in self._method_names():
                     method = self.method_of(cls, name)
                     if method is not None:
                         return method
+                if not callable_classes:
+                    return None
                 attr_cls = self.instance_class(func)
                 return self._call_method(attr_cls) if attr_cls is not None else None
-            cls = self.instance_class(receiver)
-            if cls is not None:
-                return self.method_of(cls, name)
-            attr_cls = self.instance_class(func)
-            if attr_cls is not None:
-                return self._call_method(attr_cls)
+            if name in self._method_names():
+                cls = self.instance_class(receiver)
+                if cls is not None:
+                    return self.method_of(cls, name)
+            if callable_classes:
+                attr_cls = self.instance_class(func)
+                if attr_cls is not None:
+                    return self._call_method(attr_cls)
         return None
+
+    def _method_names(self) -> frozenset[str]:
+        hit = self.cache.get("method_names")
+        if hit is None:
+            hit = self.cache["method_names"] = frozenset(
+                f.name.value for f in self.index.nodes(cst.FunctionDef) if self.index.scope_of(f).cls is not None
+                or isinstance(self.index.scope_node(f), cst.ClassDef))
+        return hit
+
+    def _callable_classes(self) -> bool:
+        hit = self.cache.get("callable_classes")
+        if hit is None:
+            hit = self.cache["callable_classes"] = any(
+                self.method_of(c, "forward") is not None or self.method_of(c, "__call__") is not None
+                for c in self.index.nodes(cst.ClassDef))
+        return hit
 
     def _call_method(self, cls: cst.ClassDef) -> cst.FunctionDef | None:
         return self.method_of(cls, "forward") or self.method_of(cls, "__call__")
@@ -298,6 +344,18 @@ class Analysis:
         return f"{base}.{rest}" if rest else base
 
     # ----- facets ----------------------------------------------------------------------------------------
+    def release(self) -> None:
+        """Drop the cached facets (they refer back to this analysis), so a file's tables are freed as soon as
+        the rules are done with it. The facets' own tables are emptied too: their memos hold bound methods of
+        other facets (a stop predicate, a sign query), cycles that only the collector could free otherwise."""
+        facets = list(self.cache.values())
+        self.cache.clear()
+        self._callees.clear()
+        for facet in facets:
+            state = getattr(facet, "__dict__", None)
+            if state is not None:
+                state.clear()
+
     def facet(self, name: str, factory):
         """The module's cached instance of a facet or per-module fact table (built by ``factory(self)``)."""
         hit = self.cache.get(name)
@@ -308,6 +366,14 @@ class Analysis:
 
 
 _MISSING = object()
+_DEFAULT: list[Vocabulary] = []
+
+
+def _default_vocabulary() -> Vocabulary:
+    """One built-in vocabulary for the process: its answers are cached, so files share them."""
+    if not _DEFAULT:
+        _DEFAULT.append(Vocabulary())
+    return _DEFAULT[0]
 _CONVENTIONAL = {"F": "torch.nn.functional", "nn": "torch.nn", "functional": "torch.nn.functional",
                  "np": "numpy", "th": "torch"}
 

@@ -533,15 +533,30 @@ def gather_site(a: "Analysis", call: cst.Call) -> GatherSite | None:
 
 def _is_loss_object(a: "Analysis", call: cst.Call) -> bool:
     func = call.func
-    if isinstance(func, cst.Call):
+    if type(func) is cst.Call:
         return a.call_name(func) in LOSS_CLASSES
     key = key_of(func)
-    if key is None or key.count(".") > 1:
+    if key is None or key.count(".") > 1 or key.rsplit(".", 1)[-1] not in _loss_object_names(a):
         return False
     for d in a.flow.reaching(key, call):
         if d.kind == "assign" and isinstance(d.value, cst.Call) and a.call_name(d.value) in LOSS_CLASSES:
             return True
     return False
+
+
+def _loss_object_names(a: "Analysis") -> frozenset[str]:
+    """Last names of what the module binds to ``nn.CrossEntropyLoss()`` and the like (a cheap filter)."""
+    hit = a.cache.get("loss_object_names")
+    if hit is None:
+        names = set()
+        for stmt in a.nodes(cst.Assign):
+            if type(stmt.value) is cst.Call and a.call_name(stmt.value) in LOSS_CLASSES:
+                for target in stmt.targets:
+                    key = key_of(target.target)
+                    if key:
+                        names.add(key.rsplit(".", 1)[-1])
+        hit = a.cache["loss_object_names"] = frozenset(names)
+    return hit
 
 
 def _categorical_logits(a: "Analysis", expr: cst.BaseExpression, depth: int = 4) -> cst.BaseExpression | None:

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from rlguard.lint.analysis.index import COMPREHENSIONS, Def, ModuleIndex, dotted_name, key_base
+from rlguard.lint.analysis.index import COMPREHENSIONS, Def, ModuleIndex, dotted_name, key_base, children
 
 # A key path whose container was handed to code the analysis cannot see: its value is unknown.
 ESCAPED = Def("<escaped>", "escaped", None, cst.Pass(), cst.Module([]), -1)
@@ -42,6 +42,8 @@ class Flow:
         self._memo: dict[tuple, tuple[tuple[Def, ...], bool]] = {}
         self._through: dict[int, bool] = {}
         self._escaping: dict[int, frozenset[str]] = {}
+        self._reaching: dict[tuple, list[Def]] = {}
+        self._owners: dict[int, cst.CSTNode | None] = {}
 
     # ----- the query --------------------------------------------------------------------------------------
     def reaching(self, key: str, at: cst.CSTNode) -> list[Def]:
@@ -49,11 +51,20 @@ class Flow:
         if not key:
             return []
         index = self.index
-        comp = self._comprehension_def(key, at)
-        if comp is not None:
-            return [comp]
-        stmt = index.statement_of(at)
         scope = index.scope_node(at)
+        if type(scope) in _INNER_SCOPES:
+            comp = self._comprehension_def(key, at)
+            if comp is not None:
+                return [comp]
+        stmt = index.statement_of(at)
+        memo_key = (key, id(stmt), id(scope))
+        hit = self._reaching.get(memo_key)
+        if hit is None:
+            hit = self._reaching[memo_key] = self._walk_back(key, at, stmt, scope)
+        return list(hit)
+
+    def _walk_back(self, key: str, at: cst.CSTNode, stmt: cst.CSTNode, scope: cst.CSTNode) -> list[Def]:
+        index = self.index
         found: list[Def] = []
         node = stmt
         loops_seen: set[int] = set()
@@ -88,9 +99,13 @@ class Flow:
         """Definitions of ``key`` reaching the point before statement ``upto`` of ``suite`` from inside it."""
         found: list[Def] = []
         body = suite.body
+        through = self._through
         for j in range(upto - 1, -1, -1):
             stmt = body[j]
-            if not self.falls_through(stmt):
+            falls = through.get(id(stmt))
+            if falls is None:
+                falls = self.falls_through(stmt)
+            if not falls:
                 return found, True  # the read is unreachable from here on this path
             defs, definite = self._statement(stmt, key)
             found += defs
@@ -115,25 +130,31 @@ class Flow:
     def _statement(self, stmt: cst.CSTNode, key: str) -> tuple[list[Def], bool]:
         """Definitions of ``key`` by ``stmt`` that reach its end, and whether it definitely binds ``key``."""
         index = self.index
-        base = key_base(key)
-        if isinstance(stmt, cst.SimpleStatementLine):
+        if type(stmt) is cst.SimpleStatementLine:
             return self._suite_end(stmt, key)
+        base = key_base(key)
+        path = base != key and base not in ("self", "cls")  # a key path whose container may escape
         compound = index.defined_inside.get(id(stmt))
         if compound is not None:  # a compound statement
-            if base not in compound and not (base != key and self._escapes_in(stmt, base)):
-                return [], False
-            return self._compound(stmt, key)
-        if isinstance(stmt, (cst.FunctionDef, cst.ClassDef)):
-            defs = [d for d in index.stmt_defs.get(id(stmt), ()) if d.key == key]
+            if base in compound or (path and self._escapes_in(stmt, base)):
+                return self._compound(stmt, key)
+            return [], False
+        here = index.stmt_defs.get(id(stmt))
+        if not here:
+            if path and self._escapes(stmt, base):
+                return [ESCAPED], True
+            return [], False
+        if type(stmt) in (cst.FunctionDef, cst.ClassDef):
+            defs = [d for d in here if d.key == key]
             return defs, bool(defs)
-        defs = [d for d in index.stmt_defs.get(id(stmt), ()) if d.key == key]
+        defs = [d for d in here if d.key == key]
         if defs:
             return [defs[-1]], True
         if base != key:
-            whole = [d for d in index.stmt_defs.get(id(stmt), ()) if key.startswith(d.key) and _is_prefix(d.key, key)]
+            whole = [d for d in here if _is_prefix(d.key, key)]
             if whole:
                 return [whole[-1]], True  # the container itself is rebound: its value holds the key
-            if self._escapes(stmt, base):
+            if path and self._escapes(stmt, base):
                 return [ESCAPED], True
         return [], False
 
@@ -219,14 +240,20 @@ class Flow:
     def _owner(self, suite: cst.CSTNode) -> cst.CSTNode | None:
         """The statement whose part ``suite`` is (a SimpleStatementLine for its small statements, the compound
         statement for a block), or None at the module's top."""
-        if isinstance(suite, cst.SimpleStatementLine):
+        if type(suite) is cst.SimpleStatementLine:
             return suite
-        if isinstance(suite, cst.Module):
+        if type(suite) is cst.Module:
             return None
+        hit = self._owners.get(id(suite), _NO_OWNER)
+        if hit is not _NO_OWNER:
+            return hit
+        found = None
         for anc in self.index.ancestors(suite):
-            if id(anc) in self.index.position or isinstance(anc, (cst.FunctionDef, cst.ClassDef, cst.Module)):
-                return anc
-        return None
+            if id(anc) in self.index.position or type(anc) in (cst.FunctionDef, cst.ClassDef, cst.Module):
+                found = anc
+                break
+        self._owners[id(suite)] = found
+        return found
 
     @staticmethod
     def _in_body(loop: cst.For | cst.While, suite: cst.CSTNode) -> bool:
@@ -289,7 +316,7 @@ class Flow:
         """Whether the small statement ``stmt`` hands the container ``base`` to other code."""
         names = self._escaping.get(id(stmt))
         if names is None:
-            names = self._escaping[id(stmt)] = _escaping_names(stmt)
+            names = self._escaping[id(stmt)] = _escaping_names(self.index, stmt)
         return base in names
 
     def _escapes_in(self, stmt: cst.CSTNode, base: str) -> bool:
@@ -297,26 +324,25 @@ class Flow:
 
 
 _SMALL = (cst.Expr, cst.Assign, cst.AugAssign, cst.AnnAssign, cst.Return)
+_INNER_SCOPES = frozenset(COMPREHENSIONS) | {cst.Lambda}
+_NO_OWNER = object()
 
 
-def _escaping_names(stmt: cst.CSTNode) -> frozenset[str]:
+def _escaping_names(index: ModuleIndex, stmt: cst.CSTNode) -> frozenset[str]:
     """Names ``stmt`` passes to calls as whole arguments, or whose mutating methods it calls."""
     names: set[str] = set()
-    stack = [stmt]
-    while stack:
-        current = stack.pop()
-        if isinstance(current, cst.Call):
-            for arg in current.args:
-                if isinstance(arg.value, cst.Name):
-                    names.add(arg.value.value)
-            func = current.func
-            if isinstance(func, cst.Attribute) and func.attr.value in MUTATING_METHODS:
-                base = dotted_name(func.value)
-                if base is not None:
-                    names.add(base)
-        if isinstance(current, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
-            continue
-        stack.extend(current.children)
+    calls = index.descendants(stmt, cst.Call)
+    if type(stmt) is cst.Call:
+        calls = [stmt, *calls]
+    for call in calls:
+        for arg in call.args:
+            if type(arg.value) is cst.Name:
+                names.add(arg.value.value)
+        func = call.func
+        if type(func) is cst.Attribute and func.attr.value in MUTATING_METHODS:
+            base = dotted_name(func.value)
+            if base is not None:
+                names.add(base)
     names.discard("self")
     names.discard("cls")
     return frozenset(names)

@@ -152,23 +152,47 @@ def entry_point(a: "Analysis", func: cst.FunctionDef) -> bool:
 
 def call_sites(a: "Analysis", func: cst.FunctionDef, limit: int = 16) -> list[cst.Call]:
     """The calls in this module that run ``func`` (resolved with :meth:`Analysis.callee`)."""
-    name = func.name.value
     cache = a.cache.setdefault("call_sites", {})
     hit = cache.get(id(func))
     if hit is not None:
         return hit
+    by_name = a.cache.get("calls_by_name")
+    if by_name is None:
+        by_name = a.cache["calls_by_name"] = {}
+        for call in a.nodes(cst.Call):
+            f = call.func
+            kind = type(f)
+            last = f.value if kind is cst.Name else (f.attr.value if kind is cst.Attribute else None)
+            by_name.setdefault(last, []).append(call)
+    name = func.name.value
+    candidates = list(by_name.get(name, ()))
+    if name in ("forward", "__call__"):
+        # `obj(...)` / `self.head(...)` for an instance of the class: calls of names bound to its construction
+        cls = a.enclosing_class(func)
+        if cls is not None:
+            instances = _instance_names(a, cls)
+            candidates += [c for last, calls in by_name.items() if last in instances for c in calls]
     sites = []
-    for call in a.nodes(cst.Call):
-        f = call.func
-        last = f.value if isinstance(f, cst.Name) else (f.attr.value if isinstance(f, cst.Attribute) else None)
-        if last != name and not (last is not None and name in ("forward", "__call__")):
-            continue
+    for call in candidates:
         if a.callee(call) is func:
             sites.append(call)
             if len(sites) >= limit:
                 break
     cache[id(func)] = sites
     return sites
+
+
+def _instance_names(a: "Analysis", cls: cst.ClassDef) -> set[str]:
+    """Last names of the variables and attributes the module binds to ``cls(...)``."""
+    found = set()
+    for stmt in a.nodes(cst.Assign):
+        value = stmt.value
+        if type(value) is cst.Call and type(value.func) is cst.Name and value.func.value == cls.name.value:
+            for target in stmt.targets:
+                key = key_of(target.target)
+                if key:
+                    found.add(key.rsplit(".", 1)[-1])
+    return found
 
 
 def grad_context(a: "Analysis") -> GradContext:

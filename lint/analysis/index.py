@@ -12,7 +12,9 @@ passes (more costly than parsing) and recursion would bound the depth of nesting
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
+import re
 from dataclasses import dataclass, field
 from typing import Iterator
 
@@ -26,6 +28,12 @@ COMPREHENSIONS = (cst.ListComp, cst.SetComp, cst.GeneratorExp, cst.DictComp)
 COMPOUND = (cst.If, cst.For, cst.While, cst.With, cst.Try, cst.FunctionDef, cst.ClassDef, cst.Match,
             getattr(cst, "TryStar", cst.Try))
 SUITES = (cst.Module, cst.IndentedBlock, cst.SimpleStatementSuite, cst.SimpleStatementLine)
+_SUITE_SET = frozenset(SUITES)
+# Node types the walker does more for than record (exact types: isinstance on libcst's ABCs is slow).
+_HANDLED = frozenset({*SCOPE_TYPES, cst.Assign, cst.AnnAssign, cst.AugAssign, cst.NamedExpr, cst.For, cst.CompFor,
+                      cst.WithItem, cst.ExceptHandler, cst.Del, cst.Return, cst.Yield, cst.Import, cst.ImportFrom,
+                      *COMPOUND})
+_LEAVES = frozenset({*SCOPE_TYPES, *COMPOUND})
 
 
 @dataclass(eq=False)
@@ -69,11 +77,15 @@ class ScopeInfo:
 
 def dotted_name(expr: cst.CSTNode | None) -> str | None:
     """``a.b.c`` for Name/Attribute chains, else None."""
+    kind = type(expr)
+    if kind is cst.Name:
+        return expr.value
     parts = []
-    while isinstance(expr, cst.Attribute):
+    while kind is cst.Attribute:
         parts.append(expr.attr.value)
         expr = expr.value
-    if not isinstance(expr, cst.Name):
+        kind = type(expr)
+    if kind is not cst.Name:
         return None
     parts.append(expr.value)
     return ".".join(reversed(parts))
@@ -94,7 +106,10 @@ def string_key(index: cst.CSTNode) -> str | None:
 def key_of(expr: cst.CSTNode | None) -> str | None:
     """The flow key of an lvalue or a read: ``x``, ``self.x``, ``a.b``, ``d['k']``, ``self.buf['k']``;
     None for anything else (``d[i]``, ``f().x``)."""
-    if isinstance(expr, cst.Subscript) and len(expr.slice) == 1:
+    kind = type(expr)
+    if kind is cst.Name:
+        return expr.value
+    if kind is cst.Subscript and len(expr.slice) == 1:
         key = string_key(expr.slice[0])
         base = key_of(expr.value)
         if key is not None and base is not None:
@@ -103,12 +118,12 @@ def key_of(expr: cst.CSTNode | None) -> str | None:
     return dotted_name(expr)
 
 
+_KEY_BASE = re.compile(r"[^.\[]*")
+
+
 def key_base(key: str) -> str:
     """``d['k']`` -> ``d``; ``self.x`` -> ``self``; ``x`` -> ``x`` (the name a key path starts from)."""
-    for i, ch in enumerate(key):
-        if ch in ".[":
-            return key[:i]
-    return key
+    return _KEY_BASE.match(key).group()
 
 
 _SKIP_FIELDS = frozenset({
@@ -138,14 +153,27 @@ def child_fields(cls: type) -> tuple[str, ...]:
     return found
 
 
+_NODE_TYPE: dict[type, bool] = {}
+
+
+def _is_node_type(kind: type) -> bool:
+    hit = _NODE_TYPE.get(kind)
+    if hit is None:
+        hit = _NODE_TYPE[kind] = issubclass(kind, cst.CSTNode)
+    return hit
+
+
 def children(node: cst.CSTNode) -> list[cst.CSTNode]:
+    """The child nodes the analysis reads, in source order (a type lookup per field: isinstance against libcst's
+    abstract node classes costs more than the walk itself)."""
     out = []
     for name in child_fields(type(node)):
         value = getattr(node, name)
-        if isinstance(value, cst.CSTNode):
+        kind = type(value)
+        if kind is list or kind is tuple:
+            out.extend(v for v in value if _is_node_type(type(v)))
+        elif _is_node_type(kind):
             out.append(value)
-        elif isinstance(value, (list, tuple)):
-            out.extend(v for v in value if isinstance(v, cst.CSTNode))
     return out
 
 
@@ -177,6 +205,10 @@ class ModuleIndex:
         # statement -> (suite node, position): where it sits in the sequence of statements that contains it
         self.position: dict[int, tuple[cst.CSTNode, int]] = {}
         self.defined_inside: dict[int, frozenset[str]] = {}  # id(compound statement) -> key bases defined in it
+        self.scope_at: dict[int, cst.CSTNode] = {}  # id(node) -> the scope whose code it is
+        self._statements: dict[int, cst.CSTNode] = {}
+        self._multi: dict[tuple, list] = {}
+        self._keys: dict[tuple, list[int]] = {}
         _Walker(self).walk()
 
     # ----- structure -------------------------------------------------------------------------------------------
@@ -184,8 +216,12 @@ class ModuleIndex:
         """All nodes of the given libcst types, in source order."""
         if len(types) == 1:
             return self.by_type.get(types[0], [])
-        found = [n for t in types for n in self.by_type.get(t, [])]
-        return sorted(found, key=lambda n: self.order[id(n)])
+        hit = self._multi.get(types)
+        if hit is None:
+            order = self.order
+            found = [n for t in types for n in self.by_type.get(t, [])]
+            hit = self._multi[types] = sorted(found, key=lambda n: order[id(n)])
+        return hit
 
     def parent_of(self, node: cst.CSTNode) -> cst.CSTNode | None:
         return self.parent.get(id(node))
@@ -206,7 +242,16 @@ class ModuleIndex:
         """Indexed nodes of ``types`` that lie inside ``node`` (by walk order: a contiguous range)."""
         start = self.order[id(node)]
         end = self.subtree_end(node)
-        return [n for n in self.nodes(*types) if start < self.order[id(n)] <= end]
+        nodes = self.nodes(*types)
+        keys = self._order_keys(types, nodes)
+        return nodes[bisect.bisect_right(keys, start):bisect.bisect_right(keys, end)]
+
+    def _order_keys(self, types: tuple, nodes: list) -> list[int]:
+        keys = self._keys.get(types)
+        if keys is None or len(keys) != len(nodes):
+            order = self.order
+            keys = self._keys[types] = [order[id(n)] for n in nodes]
+        return keys
 
     def subtree_end(self, node: cst.CSTNode) -> int:
         """The walk order of the last node inside ``node``."""
@@ -245,33 +290,41 @@ class ModuleIndex:
         return None
 
     def scope_node(self, node: cst.CSTNode) -> cst.CSTNode:
-        """The function, class body, lambda, comprehension or module whose code ``node`` is (a function's own
-        statement, decorators and defaults belong to the enclosing scope)."""
-        return self._scope_node(node, SCOPE_TYPES)
+        """The function, class body, lambda, comprehension or module whose code ``node`` is (a scope's own node
+        belongs to the enclosing scope)."""
+        return self.scope_at.get(id(node), self.module)
 
     def scope_of(self, node: cst.CSTNode) -> ScopeInfo:
         return self.scopes[id(self.scope_node(node))]
 
     def function_scope(self, node: cst.CSTNode) -> ScopeInfo:
         """The function (or module) scope of ``node``, looking through comprehensions, lambdas and classes."""
-        return self.scopes[id(self._scope_node(node, (cst.FunctionDef, cst.Module)))]
-
-    def _scope_node(self, node: cst.CSTNode, types: tuple[type, ...]) -> cst.CSTNode:
-        prev = node
-        for anc in self.ancestors(node):
-            if isinstance(anc, types) and id(anc) in self.scopes:
-                if not isinstance(anc, (cst.FunctionDef, cst.Lambda)) or prev is anc.body or prev is anc.params:
-                    return anc
-            prev = anc
-        return self.module
+        info = self.scope_of(node)
+        while not isinstance(info.node, (cst.FunctionDef, cst.Module)) and info.parent is not None:
+            info = info.parent
+        return info
 
     def statement_of(self, node: cst.CSTNode) -> cst.CSTNode:
         """The statement ``node`` belongs to: a small statement, or a compound statement for its header
         (``if`` test, ``for`` iterable, ``with`` items). A statement is its own statement."""
+        memo = self._statements
+        path = []
         current: cst.CSTNode | None = node
-        while current is not None and id(current) not in self.position:
+        found = None
+        while current is not None:
+            hit = memo.get(id(current))
+            if hit is not None:
+                found = hit
+                break
+            if id(current) in self.position:
+                found = current
+                break
+            path.append(id(current))
             current = self.parent.get(id(current))
-        return current if current is not None else self.module
+        found = found if found is not None else self.module
+        for key in path:
+            memo[key] = found
+        return found
 
     def code(self, node: cst.CSTNode) -> str:
         return self.module.code_for_node(node)
@@ -306,7 +359,10 @@ class _Walker:
 
     def walk(self) -> None:
         index = self.index
+        parent_of, order, by_type, position, scope_at = (index.parent, index.order, index.by_type, index.position,
+                                                          index.scope_at)
         leave = object()
+        node_types = _NODE_TYPE
         todo: list = [(index.module, None)]
         while todo:
             item = todo.pop()
@@ -314,72 +370,91 @@ class _Walker:
                 self.on_leave(todo.pop())
                 continue
             node, parent = item
+            kind = type(node)
             if parent is not None:
-                index.parent[id(node)] = parent
-            index.order[id(node)] = self.counter
+                parent_of[id(node)] = parent
+            order[id(node)] = self.counter
             self.counter += 1
-            index.by_type.setdefault(type(node), []).append(node)
-            self.on_visit(node, parent)
-            todo.append(node)
-            todo.append(leave)
-            kids = children(node)
-            if isinstance(node, SUITES):
-                body = node.body
-                for pos, stmt in enumerate(body):
-                    index.position[id(stmt)] = (node, pos)
-            todo.extend((kid, node) for kid in reversed(kids))
+            bucket = by_type.get(kind)
+            if bucket is None:
+                bucket = by_type[kind] = []
+            bucket.append(node)
+            scope_at[id(node)] = self.scope_stack[-1].node if self.scope_stack else node
+            if kind in _HANDLED:
+                self.on_visit(node, parent)
+            if kind in _LEAVES:  # scopes and compound statements need their end
+                todo.append(node)
+                todo.append(leave)
+            if kind in _SUITE_SET:
+                for pos, stmt in enumerate(node.body):
+                    position[id(stmt)] = (node, pos)
+            kids = []
+            for name in child_fields(kind):
+                value = getattr(node, name)
+                vkind = type(value)
+                if vkind is list or vkind is tuple:
+                    for v in value:
+                        is_node = node_types.get(type(v))
+                        if is_node is None:
+                            is_node = _is_node_type(type(v))
+                        if is_node:
+                            kids.append(v)
+                elif node_types.get(vkind) or (vkind not in node_types and _is_node_type(vkind)):
+                    kids.append(value)
+            for kid in reversed(kids):
+                todo.append((kid, node))
 
     # ----- enter / leave ------------------------------------------------------------------------------------
     def on_visit(self, node: cst.CSTNode, parent: cst.CSTNode | None) -> None:
         index = self.index
-        if isinstance(node, SCOPE_TYPES):
+        if type(node) in SCOPE_TYPES:
             outer = self.scope_stack[-1] if self.scope_stack else None
             info = ScopeInfo(node, outer)
             index.scopes[id(node)] = info
-            if isinstance(node, (cst.FunctionDef, cst.ClassDef)) and outer is not None:
+            if type(node) in (cst.FunctionDef, cst.ClassDef) and outer is not None:
                 self._define(node.name.value, "def", None, node, outer.node, target=node.name)
-            if isinstance(node, cst.FunctionDef):
-                info.cls = outer.node if outer is not None and isinstance(outer.node, cst.ClassDef) else None
+            if type(node) is cst.FunctionDef:
+                info.cls = outer.node if outer is not None and type(outer.node) is cst.ClassDef else None
                 index.functions.setdefault(node.name.value, []).append(node)
-            elif isinstance(node, cst.ClassDef):
+            elif type(node) is cst.ClassDef:
                 index.classes.setdefault(node.name.value, []).append(node)
                 index.class_defs[id(node)] = {}
-            if isinstance(node, (cst.FunctionDef, cst.Lambda)):
+            if type(node) in (cst.FunctionDef, cst.Lambda):
                 for param in params_of(node.params):
                     name = param.name.value
                     info.params.append(name)
                     info.defs.setdefault(name, []).append(
                         Def(name, "param", param.default, param, node, self.counter, target=param.name))
             self.scope_stack.append(info)
-        elif isinstance(node, (cst.Assign, cst.AnnAssign, cst.AugAssign, cst.NamedExpr)):
-            if isinstance(node, cst.Assign):
+        elif type(node) in (cst.Assign, cst.AnnAssign, cst.AugAssign, cst.NamedExpr):
+            if type(node) is cst.Assign:
                 for target in node.targets:
                     self._bind(target.target, node.value, node, "assign")
-            elif isinstance(node, cst.AnnAssign):
+            elif type(node) is cst.AnnAssign:
                 if node.value is not None:
                     self._bind(node.target, node.value, node, "assign")
-            elif isinstance(node, cst.AugAssign):
+            elif type(node) is cst.AugAssign:
                 self._bind(node.target, node.value, node, "aug", op=node.operator)
             else:
                 self._bind(node.target, node.value, self._statement_for_walrus(node), "assign")
-        elif isinstance(node, cst.For):
+        elif type(node) is cst.For:
             self._bind(node.target, node.iter, node, "for")
-        elif isinstance(node, cst.CompFor):
+        elif type(node) is cst.CompFor:
             self._bind(node.target, node.iter, node, "comp")
-        elif isinstance(node, cst.WithItem) and node.asname is not None:
+        elif type(node) is cst.WithItem and node.asname is not None:
             self._bind(node.asname.name, node.item, self._with_statement(node), "with")
-        elif isinstance(node, cst.ExceptHandler) and node.name is not None:
+        elif type(node) is cst.ExceptHandler and node.name is not None:
             self._bind(node.name.name, None, node, "other")
-        elif isinstance(node, cst.Del):
+        elif type(node) is cst.Del:
             self._bind(node.target, None, node, "del")
-        elif isinstance(node, cst.Return):
+        elif type(node) is cst.Return:
             self.scope_stack[-1].returns.append(node)
-        elif isinstance(node, (cst.Yield,)):
+        elif type(node) in (cst.Yield,):
             self.scope_stack[-1].yields = True
-        elif isinstance(node, cst.Import):
+        elif type(node) is cst.Import:
             for alias in node.names:
                 full = dotted_name(alias.name)
-                if alias.asname is not None and isinstance(alias.asname.name, cst.Name):
+                if alias.asname is not None and type(alias.asname.name) is cst.Name:
                     local = alias.asname.name.value
                     index.imports[local] = full
                 elif full:
@@ -388,15 +463,15 @@ class _Walker:
                 else:
                     continue
                 self._define(local, "import", None, node, self.scope_stack[-1].node)
-        elif isinstance(node, cst.ImportFrom):
+        elif type(node) is cst.ImportFrom:
             self._import_from(node)
-        if isinstance(node, COMPOUND) and not isinstance(node, (cst.FunctionDef, cst.ClassDef)):
+        if type(node) in COMPOUND and not type(node) in (cst.FunctionDef, cst.ClassDef):
             self.compound_stack.append((node, set()))
 
     def on_leave(self, node: cst.CSTNode) -> None:
-        if isinstance(node, SCOPE_TYPES):
+        if type(node) in SCOPE_TYPES:
             self.scope_stack.pop()
-        if isinstance(node, COMPOUND) and not isinstance(node, (cst.FunctionDef, cst.ClassDef)):
+        if type(node) in COMPOUND and not type(node) in (cst.FunctionDef, cst.ClassDef):
             compound, keys = self.compound_stack.pop()
             self.index.defined_inside[id(compound)] = frozenset(keys)
             if self.compound_stack:

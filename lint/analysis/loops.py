@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 import libcst as cst
 
 from rlguard.lint.analysis import semantics as S
-from rlguard.lint.analysis.index import dotted_name, key_of
+from rlguard.lint.analysis.index import dotted_name, key_of, children
 from rlguard.lint.analysis.provenance import Tup, objects
 
 if TYPE_CHECKING:
@@ -134,10 +134,12 @@ class Training:
             if any(_is_grad(t.target) for t in stmt.targets):
                 facts.zeroing.append(Zeroing(stmt, frozenset({ALL})))
         # helpers that update: their call sites hold an update too
+        updating = self._updating_helpers()
         for call in a.nodes(cst.Call):
-            func = a.callee(call)
-            if func is not None and self.helper_updates(func):
-                self._mark_update(call)
+            if (S.called_name(call) or "") in updating:
+                func = a.callee(call)
+                if func is not None and self.helper_updates(func):
+                    self._mark_update(call)
 
     def _mark_update(self, node: cst.CSTNode) -> None:
         loops = self.a.enclosing_loops(node)
@@ -154,21 +156,72 @@ class Training:
             return frozenset({ALL})
         if method in S.GRAD_RESET_METHODS and recv is not None and _is_grad(recv):
             return frozenset({ALL})
-        func = a.callee(call)
-        if func is not None:
-            effect = self.helper_zeroes(func)
-            if effect:
-                return self._map_effect(effect, call, func)
-            return None
-        summary = a.summary_of_call(call)
-        if summary is not None:
-            if summary.zeroes:
-                return self._map_summary(summary.zeroes, summary.params, call)
-            return None
         last = S.called_name(call) or ""
+        if last in self._zeroing_helpers():
+            func = a.callee(call)
+            if func is not None:
+                effect = self.helper_zeroes(func)
+                return self._map_effect(effect, call, func) if effect else None
+        if a.project is not None:
+            dotted = dotted_name(call.func)
+            resolved = a.resolve_import(dotted) if dotted else None
+            summary = a.project.get(resolved) if resolved else None
+            if summary is not None:
+                return self._map_summary(summary.zeroes, summary.params, call) if summary.zeroes else None
         if TRAIN_STEP_CALL.fullmatch(last):
             return frozenset({UNKNOWN})
         return None
+
+    def _updating_helpers(self) -> set[str]:
+        """Names of functions that hold a backward or an optimizer step, directly or through a helper (by name)."""
+        a = self.a
+        names = set()
+        for call in self.facts.backwards + [c for c, _ in self.facts.steps]:
+            func = a.enclosing_function(call)
+            if func is not None:
+                names.add(func.name.value)
+        changed = bool(names)
+        while changed:
+            changed = False
+            for call in a.nodes(cst.Call):
+                if (S.called_name(call) or "") in names:
+                    func = a.enclosing_function(call)
+                    if func is not None and func.name.value not in names:
+                        names.add(func.name.value)
+                        changed = True
+        return names
+
+    def _zeroing_helpers(self) -> frozenset[str]:
+        """Names of the module's functions that zero gradients (themselves or through a helper they call)."""
+        hit = self.a.cache.get("zeroing_helpers")
+        if hit is None:
+            # functions with a zeroing of their own, then (by name) those that call one: a cheap superset, each
+            # confirmed through its effects when a call of it is met
+            a = self.a
+            direct = set()
+            for call in a.nodes(cst.Call):
+                method = S.method_name(call)
+                if method in S.ZERO_GRAD_METHODS or (method in S.GRAD_RESET_METHODS and _is_grad(S.receiver(call))):
+                    func = a.enclosing_function(call)
+                    if func is not None:
+                        direct.add(func.name.value)
+            for stmt in a.nodes(cst.Assign):
+                if any(_is_grad(t.target) for t in stmt.targets):
+                    func = a.enclosing_function(stmt)
+                    if func is not None:
+                        direct.add(func.name.value)
+            names = set(direct)
+            changed = bool(names)
+            while changed:
+                changed = False
+                for call in a.nodes(cst.Call):
+                    if (S.called_name(call) or "") in names:
+                        func = a.enclosing_function(call)
+                        if func is not None and func.name.value not in names:
+                            names.add(func.name.value)
+                            changed = True
+            hit = self.a.cache["zeroing_helpers"] = frozenset(names)
+        return hit
 
     def helper_zeroes(self, func: cst.FunctionDef) -> list[str]:
         """What a same-module function zeroes: parameter names, ``self.x`` paths, or ALL."""
@@ -268,7 +321,7 @@ class Training:
                 words.append(node.attr.value)
                 stack.append(node.value)
             else:
-                stack.extend(node.children)
+                stack.extend(children(node))
         return words
 
     def splits(self, expr: cst.BaseExpression) -> bool:

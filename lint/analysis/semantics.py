@@ -129,16 +129,17 @@ def is_remote_call(call: cst.Call, qualified: str | None) -> bool:
 
 
 def _last_name(expr: cst.BaseExpression) -> str | None:
-    if isinstance(expr, cst.Name):
+    kind = type(expr)
+    if kind is cst.Name:
         return expr.value
-    if isinstance(expr, cst.Attribute):
+    if kind is cst.Attribute:
         return expr.attr.value
     return None
 
 
 def method_name(call: cst.Call) -> str | None:
     """``x.backward()`` -> "backward"; None for calls of bare names."""
-    return call.func.attr.value if isinstance(call.func, cst.Attribute) else None
+    return call.func.attr.value if type(call.func) is cst.Attribute else None
 
 
 def called_name(call: cst.Call) -> str | None:
@@ -148,7 +149,7 @@ def called_name(call: cst.Call) -> str | None:
 
 def receiver(call: cst.Call) -> cst.BaseExpression | None:
     """``opt.step()`` -> ``opt``."""
-    return call.func.value if isinstance(call.func, cst.Attribute) else None
+    return call.func.value if type(call.func) is cst.Attribute else None
 
 
 def argument(call: cst.Call, position: int | None, keyword: str | None = None) -> cst.BaseExpression | None:
@@ -179,9 +180,10 @@ def int_value(expr: cst.BaseExpression | None) -> int | None:
 
 
 def number_value(expr: cst.BaseExpression | None) -> float | None:
-    if isinstance(expr, (cst.Integer, cst.Float)):
+    kind = type(expr)
+    if kind is cst.Integer or kind is cst.Float:
         return float(expr.value)
-    if isinstance(expr, cst.UnaryOperation) and isinstance(expr.operator, cst.Minus):
+    if kind is cst.UnaryOperation and type(expr.operator) is cst.Minus:
         inner = number_value(expr.expression)
         return None if inner is None else -inner
     return None

@@ -137,17 +137,17 @@ class Quantities:
         name = self._name(expr)
         if name is not None and self._excluded(name):
             return None
-        origins = self.prov.value(expr, frame)
-        forwards = [o for o in origins if o.kind == FORWARD]
-        if forwards and all(o.what == "entropy" for o in forwards):
-            return 1
+        if isinstance(expr, cst.Call):
+            func = self.a.callee(expr)
+            if func is None and self._entropy_call(expr):
+                return 1  # entropy_from_logits(...), dist.entropy(): the library computes an entropy
+            if func is not None:
+                rets = [r.value for r in self.a.index.scopes[id(func)].returns if r.value is not None]
+                if rets and all(self._entropy_formula(r, None) or self._entropy_call(r) or
+                                self.sign("entropy", r, None, depth - 1) == 1 for r in rets):
+                    return 1  # a helper of the module that computes an entropy
         if self._entropy_formula(expr, frame):
             return 1
-        if isinstance(expr, cst.Call) and self.a.callee(expr) is not None:
-            func = self.a.callee(expr)
-            rets = [r.value for r in self.a.index.scopes[id(func)].returns if r.value is not None]
-            if rets and all(self._entropy_formula(r, None) or self._entropy_call(r) for r in rets):
-                return 1  # a helper of the module that computes an entropy
         if isinstance(expr, (cst.Name, cst.Attribute, cst.Subscript)) and key_of(expr) is not None:
             inner = self._through_definitions("entropy", expr, frame, depth)
             if inner is not None:
@@ -168,7 +168,7 @@ class Quantities:
     def _entropy_call(self, expr) -> bool:
         name = S.called_name(expr) if isinstance(expr, cst.Call) else None
         return name is not None and (S.ENTROPY_HELPER.fullmatch(name) is not None or (
-            name == "entropy" and self.a.method(expr) == "entropy"))
+            name == "entropy" and self.a.method(expr) == "entropy") or self.a.call_name(expr) in S.ENTROPY_FUNCTIONS)
 
     def _entropy_formula(self, expr, frame) -> bool:
         """``-(p * logp).sum(-1)`` with ``p`` probabilities and ``logp`` log-probs of the same logits, or

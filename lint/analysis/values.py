@@ -199,9 +199,18 @@ class Trace(Generic[V]):
                     return self.bound(bound)
             return facet.param(self, d, at, frame)
         if d.kind == "aug":
-            before = self.a.flow.reaching(key, d.stmt)
+            memo_key = (id(d), id(frame), "aug")
+            hit = self._memo.get(memo_key, None)
+            if hit is _PENDING:
+                return facet.unknown  # `x += y` in a loop reaches itself: the cycle is unknown
+            if hit is not None or memo_key in self._memo:
+                return hit
+            self._memo[memo_key] = _PENDING
+            before = [p for p in self.a.flow.reaching(key, d.stmt) if p is not d]
             prev = facet.join([self.def_value(p, key, d.stmt, frame) for p in before]) if before else facet.unknown
-            return facet.aug(self, prev, d.op, self.value(d.value, frame), d)
+            result = facet.aug(self, prev, d.op, self.value(d.value, frame), d)
+            self._memo[memo_key] = result
+            return result
         if d.kind in ("for", "comp"):
             iterable = self.value(d.value, frame)
             return facet.iterate(self, iterable, d)

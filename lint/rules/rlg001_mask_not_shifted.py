@@ -12,7 +12,7 @@ from rlguard.lint.analysis import semantics as S
 from rlguard.lint.analysis.alignment import (OWNER_NAME, ROOT_IDS, ROOT_LOGITS, ROOT_TOKEN, ROOT_UNKNOWN, Align,
                                              alignment, gather_site, token_values)
 from rlguard.lint.analysis.grad import call_sites
-from rlguard.lint.analysis.index import key_of
+from rlguard.lint.analysis.index import key_of, children
 from rlguard.lint.analysis.roles import names_along
 from rlguard.lint.analysis.values import Frame
 from rlguard.lint.rule import Invalid, Rule, Valid, Violation
@@ -67,7 +67,7 @@ class MaskNotShifted(Rule):
 
     code = "RLG001"
     # a mask, and a time-axis slice, pad or roll somewhere: what any mismatch the rule can prove needs
-    triggers = r"(?s)\A(?=.*mask)(?=.*(?:\[\s*:\s*,|\[\s*\.\.\.\s*,|\.pad\(|roll\(|\[\s*-))"
+    triggers = (r"mask", r"\[\s*:\s*,|\[\s*\.\.\.\s*,|\.pad\(|roll\(|\[\s*-")
 
     VALID = [
         Valid("logits = model(ids).logits\n"
@@ -217,7 +217,7 @@ def _calls_in(expr: cst.BaseExpression, limit: int = 64) -> list[cst.Call]:
         node = stack.pop()
         if isinstance(node, cst.Call):
             out.append(node)
-        stack.extend(node.children)
+        stack.extend(children(node))
     return out
 
 

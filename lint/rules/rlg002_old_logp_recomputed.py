@@ -67,8 +67,8 @@ class OldLogpRecomputed(Rule):
     """
 
     code = "RLG002"
-    triggers = (r"(?i)(old|behaviou?r|rollout|sampl\w*|mu)_?(per_token_)?log_?p|"
-                r"\.exp\(\)|torch\.exp\(")
+    # a log-prob name (old log-probs by name) or an exp (old log-probs by their use in a ratio)
+    triggers = r"(?i)log_?p|_lps?\b|exp\("
 
     VALID = [
         Valid("with torch.no_grad():\n"

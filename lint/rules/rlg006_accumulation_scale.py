@@ -9,7 +9,7 @@ import libcst as cst
 
 from rlguard.lint.analysis import Analysis, dotted_name
 from rlguard.lint.analysis import semantics as S
-from rlguard.lint.analysis.index import key_of
+from rlguard.lint.analysis.index import key_of, children
 from rlguard.lint.analysis.loops import Loop, Training, training
 from rlguard.lint.analysis.roles import backward_loss, names_along
 from rlguard.lint.rule import Invalid, Rule, Valid, Violation
@@ -85,8 +85,7 @@ class AccumulationScale(Rule):
 
     code = "RLG006"
     # both a backward and some accumulation vocabulary (lookaheads at the start: one linear scan each)
-    triggers = (r"(?is)\A(?=.*?\.backward\s*\()"
-                r"(?=.*?(accum|micro|\.chunk\(|\.split\(|\bmbs?\b|\bparts\b|\bn_chunks\b))")
+    triggers = (r"(?i)\.backward\s*\(", r"(?i)accum|micro|\.chunk\(|\.split\(|\bmbs?\b|\bparts\b|\bn_chunks\b")
 
     VALID = [
         Valid("total_tokens = mask.sum()\n"
@@ -463,5 +462,5 @@ def _names_in(expr: cst.CSTNode) -> set[str]:
         elif isinstance(node, cst.Attribute):
             stack.append(node.value)  # obj.mask -> obj; never the attribute name itself
         else:
-            stack.extend(node.children)
+            stack.extend(children(node))
     return names

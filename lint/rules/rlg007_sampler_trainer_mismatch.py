@@ -77,8 +77,8 @@ class SamplerTrainerMismatch(Rule):
     """
 
     code = "RLG007"
-    triggers = (r"(?s)\A(?=.*(?:temperature|\btemp\b|multinomial))(?=.*(?:generate|sample|rollout|multinomial))"
-                r"(?=.*(?:log_?probs?|logps?\b|_logp|gather|log_softmax|cross_entropy|def \w*(?:rollout|collect)))")
+    triggers = (r"temperature|\btemp\b|multinomial", r"generate|sample|rollout|multinomial",
+                r"log_?probs?|logps?\b|_logp|gather|log_softmax|cross_entropy|def \w*(?:rollout|collect)")
 
     VALID = [
         Valid("TEMP = 0.7\nout = sample(model, prompts, temperature=TEMP)\nold_logp = out['sampler_logp']\n"

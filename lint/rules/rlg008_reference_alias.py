@@ -10,7 +10,7 @@ import libcst as cst
 
 from rlguard.lint.analysis import Analysis
 from rlguard.lint.analysis import semantics as S
-from rlguard.lint.analysis.index import key_of
+from rlguard.lint.analysis.index import key_of, children
 from rlguard.lint.analysis.provenance import Tup, models, objects
 from rlguard.lint.rule import Invalid, Rule, Valid, Violation
 
@@ -243,7 +243,7 @@ def _ref_parameters(ctx: Analysis, expr, is_ref, depth: int = 3):
                              cst.BinaryOperation, cst.ListComp, cst.GeneratorExp, cst.CompFor, cst.Attribute,
                              cst.StarredElement, cst.StarredDictElement, cst.Lambda, cst.Subscript,
                              cst.SubscriptElement, cst.Index)):
-            stack.extend((child, d) for child in node.children)
+            stack.extend((child, d) for child in children(node))
     return None
 
 

@@ -10,14 +10,14 @@ import libcst as cst
 
 from rlguard.lint.analysis import Analysis, dotted_name
 from rlguard.lint.analysis import semantics as S
-from rlguard.lint.analysis.index import key_of
+from rlguard.lint.analysis.index import key_of, children
 from rlguard.lint.rule import Invalid, Rule, Valid, Violation
 
 # Names of a group size (samples per prompt). Plain `samples`, `rollouts`, `k` are not: they name lists and indices.
 GROUP_NAME = re.compile(
     r"(?i)(num_|n_|k_)?(group_?size|groups?_?len|generations(_per_prompt)?|samples_per_(prompt|group|query)|"
     r"num_samples|n_samples|rollouts?_per_prompt|responses_per_prompt|completions_per_prompt|return_sequences|"
-    r"num_return_sequences|rloo_k|repeat_times|n_rollouts|num_rollouts)|rollout_n|G")
+    r"num_return_sequences|rloo_k|repeat_times|n_rollouts|num_rollouts)|rollout_n|(?-i:G)")
 STAT_METHODS = frozenset({"mean", "std", "var", "nanmean"})
 VIEW_METHODS = frozenset({"view", "reshape"})
 
@@ -73,7 +73,11 @@ class GroupBaseline(Rule):
     """
 
     code = "RLG009"
-    triggers = r"reward|scores\b|advantage|adv(?:s\b|_|\b)|num_generations|group_size"
+    # a group statistic (mean/std/var) and a group size named somewhere (or a repeat_interleave spreading it)
+    triggers = (r"(?:mean|std|var)\(",
+                r"(?i)group_?size|generations|samples_per|num_samples|n_samples|rollouts?_per|responses_per|"
+                r"completions_per|return_sequences|rloo_k|repeat_times|rollout_n|n_rollouts|num_rollouts|"
+                r"repeat_interleave|\bg\b")
 
     VALID = [
         Valid("def adv(rewards, G):\n    grouped = rewards.view(-1, G)\n"
@@ -338,7 +342,7 @@ class _Groups:
             if isinstance(node, cst.Attribute):
                 stack.append(node.value)  # never the attribute's own name
                 continue
-            stack.extend(c for c in node.children if isinstance(c, cst.BaseExpression) or isinstance(c, cst.Arg))
+            stack.extend(c for c in children(node) if isinstance(c, cst.BaseExpression) or isinstance(c, cst.Arg))
         return False
 
     def view_layout(self, expr):

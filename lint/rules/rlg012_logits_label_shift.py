@@ -60,8 +60,8 @@ class LogitsLabelShift(Rule):
     """
 
     code = "RLG012"
-    triggers = (r"(?s)\A(?=.*logits)(?=.*(?:\.gather\(|cross_entropy|nll_loss|\.log_prob\(|take_along_dim"
-                r"|CrossEntropyLoss|NLLLoss|log_?probs?_(?:from|of)_|selective_log_softmax|logps?_from))")
+    triggers = (r"logits", r"\.gather\(|cross_entropy|nll_loss|\.log_prob\(|take_along_dim|CrossEntropyLoss|NLLLoss"
+                r"|log_?probs?_(?:from|of)_|selective_log_softmax|logps?_from")
 
     VALID = [
         Valid("logits = model(ids).logits\n"

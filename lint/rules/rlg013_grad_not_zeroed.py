@@ -6,6 +6,8 @@ from typing import Iterator
 
 import libcst as cst
 
+from rlguard.lint.analysis.index import children
+
 from rlguard.lint.analysis import Analysis
 from rlguard.lint.analysis.grad import call_sites
 from rlguard.lint.analysis.loops import ALL, UNKNOWN, Training, Zeroing, training
@@ -269,5 +271,5 @@ def _names(expr: cst.CSTNode) -> set[str]:
         elif isinstance(node, cst.Attribute):
             stack.append(node.value)
         else:
-            stack.extend(node.children)
+            stack.extend(children(node))
     return found
