@@ -18,7 +18,6 @@ snapshot is available (nothing to check on this machine).
 from __future__ import annotations
 
 import argparse
-import ast
 import datetime
 import os
 import sys
@@ -61,29 +60,6 @@ def load_toml(path: Path) -> dict:
     return tomllib.loads(path.read_text(encoding="utf-8"))
 
 
-def enclosing_functions(source: str) -> list[tuple[int, int, str]]:
-    """(first line, last line, qualified name) of every function and method, outermost first."""
-    try:
-        tree = ast.parse(source)
-    except (SyntaxError, ValueError, RecursionError):
-        return []
-    spans: list[tuple[int, int, str]] = []
-
-    def visit(node: ast.AST, prefix: str) -> None:
-        for child in ast.iter_child_nodes(node):
-            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-                name = f"{prefix}{child.name}"
-                if not isinstance(child, ast.ClassDef):
-                    first = min([child.lineno, *(d.lineno for d in child.decorator_list)])
-                    spans.append((first, child.end_lineno or child.lineno, name))
-                visit(child, name + ".")
-            else:
-                visit(child, prefix)
-
-    visit(tree, "")
-    return spans
-
-
 def function_at(spans: list[tuple[int, int, str]], line: int) -> str:
     inside = [s for s in spans if s[0] <= line <= s[1]]
     return max(inside, key=lambda s: s[0])[2] if inside else "<module>"
@@ -108,7 +84,7 @@ def lint_snapshot(name: str, tree: Path, jobs: int, select: tuple[str, ...] = ("
     for f in report.findings:
         path = f.path.removeprefix("./")
         if path not in spans:
-            spans[path] = enclosing_functions((tree / path).read_text(encoding="utf-8", errors="replace"))
+            spans[path] = snapshots.enclosing_functions((tree / path).read_text(encoding="utf-8", errors="replace"))
         hits.append(Hit(name, path, f.line, f.code, function_at(spans[path], f.line), f.message))
     errors = [e.describe() for e in report.errors]
     return hits, report.files_checked, elapsed, errors

@@ -9,10 +9,14 @@ variable ``RLGUARD_MIRRORS``; for ``owner/name`` any of these layouts is accepte
 Get one with ``git clone --mirror https://github.com/<owner>/<name> <mirrors>/<owner>+<name>``. A repository
 whose mirror is absent, or lacks the pinned commit, is skipped with a note (the benchmarks then report on the
 rest), so a machine without snapshots runs them as a no-op.
+
+``enclosing_functions`` and ``function_lines`` locate functions by qualified name (``Class.method``) with the
+standard ``ast``, so that findings can be attributed to the function a case or a verdict names.
 """
 
 from __future__ import annotations
 
+import ast
 import os
 import subprocess
 from pathlib import Path
@@ -95,3 +99,36 @@ def extract_python(git_dir: Path, commit: str, dest: Path) -> int:
         target.write_bytes(blob)
     done.write_text(commit)
     return len(blobs)
+
+
+def enclosing_functions(source: str) -> list[tuple[int, int, str]]:
+    """(first line, last line, qualified name) of every function and method of ``source``, outermost first.
+    The first line is the first decorator's; names are ``Class.method``, ``func.inner``. A file that does not
+    parse has none."""
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError, RecursionError):
+        return []
+    spans: list[tuple[int, int, str]] = []
+
+    def visit(node: ast.AST, prefix: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                name = f"{prefix}{child.name}"
+                if not isinstance(child, ast.ClassDef):
+                    first = min([child.lineno, *(d.lineno for d in child.decorator_list)])
+                    spans.append((first, child.end_lineno or child.lineno, name))
+                visit(child, name + ".")
+            else:
+                visit(child, prefix)
+
+    visit(tree, "")
+    return spans
+
+
+def function_lines(source: str, qualname: str) -> list[tuple[int, int]]:
+    """The line ranges of the function ``qualname`` in ``source`` (one per definition: a name redefined, or
+    defined in both branches of an ``if``, has several; ``<module>`` is the whole file); empty when absent."""
+    if qualname == "<module>":
+        return [(1, max(1, len(source.splitlines())))]
+    return [(first, last) for first, last, name in enclosing_functions(source) if name == qualname]
