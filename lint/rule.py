@@ -23,23 +23,48 @@ if TYPE_CHECKING:
 SEVERITIES = ("error", "warning", "info")
 
 
+# The capability classes a rule example exercises (docs/lint.md, "What the analysis knows"): the kinds of real
+# code the linter must read right, each with flagged and clean examples across the coding styles below.
+CAPABILITIES = {
+    "C1": "reaching definitions, tuples, effect summaries and failed traces",
+    "C2": "roles inferred from use, not from names",
+    "C3": "values through dict keys, attributes and records",
+    "C4": "a mask and log-probs that meet as arguments of a call",
+    "C5": "the caller's loops, grouping and arguments inside a helper",
+    "C6": "values from config objects, and symbols when values are unknown",
+    "C7": "subscript axes, position-preserving operations, window widths, batch layouts",
+    "C8": "framework conventions: response windows, value heads, experience records",
+    "C9": "local arithmetic idioms that are wrong in themselves",
+    "C10": "mode labels of a branch that contradict what the branch computes",
+    "C11": "reference outputs produced by the policy",
+    "C12": "library and runtime semantics visible in the module",
+    "FP": "false-positive knowledge: correct shapes that look like bugs",
+}
+STYLES = ("class", "functional", "script", "framework")  # class-based trainer, functions, terse script, dict batches
+
+
 @dataclass(frozen=True)
 class Valid:
-    """Source the rule must not flag. ``why`` says what makes it correct (shown when a test fails)."""
+    """Source the rule must not flag. ``why`` says what makes it correct (shown when a test fails);
+    ``capability`` (a key of :data:`CAPABILITIES`) and ``style`` (one of :data:`STYLES`) say what it exercises."""
 
     code: str
     why: str = ""
+    capability: str | None = None
+    style: str | None = None
 
 
 @dataclass(frozen=True)
 class Invalid:
     """Source the rule must flag. ``line`` (1-based, optional) pins the line of the first finding;
-    ``fixed`` (optional) is the source after ``--fix``."""
+    ``fixed`` (optional) is the source after ``--fix``; ``capability`` and ``style`` as for :class:`Valid`."""
 
     code: str
     line: int | None = None
     fixed: str | None = None
     why: str = ""
+    capability: str | None = None
+    style: str | None = None
 
 
 @dataclass
@@ -101,6 +126,12 @@ class Rule:
         if cls.severity not in SEVERITIES:
             raise TypeError(f"rule {cls.__name__}: severity must be one of {SEVERITIES}")
         cls.name = CODES[cls.code].name
+        for example in [*cls.VALID, *cls.INVALID]:
+            if example.capability is not None and example.capability not in CAPABILITIES:
+                raise TypeError(f"rule {cls.__name__}: example capability {example.capability!r} is not one of "
+                                f"{sorted(CAPABILITIES)}")
+            if example.style is not None and example.style not in STYLES:
+                raise TypeError(f"rule {cls.__name__}: example style {example.style!r} is not one of {STYLES}")
         parts = (cls.triggers,) if isinstance(cls.triggers, str) else tuple(cls.triggers)
         # A part that ignores case and spells its literals in lower case is run, without the flag, on the
         # lower-cased text: the same matches, at literal-scan speed (re optimises little under IGNORECASE).

@@ -8,6 +8,7 @@ import textwrap
 import pytest
 
 from rlguard.lint import all_rules, lint_source
+from rlguard.lint.rule import CAPABILITIES
 
 RULES = all_rules()
 VALID = [pytest.param(rule, ex, id=f"{code}-valid-{i}") for code, rule in RULES.items()
@@ -43,3 +44,22 @@ def test_invalid_example_is_flagged(rule, example):
 def test_rule_has_enough_examples(code):
     rule = RULES[code]
     assert len(rule.VALID) >= 6 and len(rule.INVALID) >= 6, f"{code}: needs >= 6 valid and >= 6 invalid examples"
+
+
+def _tagged(kind, capability):
+    return [ex for rule in RULES.values() for ex in getattr(rule, kind) if ex.capability == capability]
+
+
+@pytest.mark.parametrize("capability", [c for c in CAPABILITIES if c != "FP"])
+def test_every_capability_class_has_flagged_and_clean_examples_in_several_styles(capability):
+    flagged, clean = _tagged("INVALID", capability), _tagged("VALID", capability)
+    assert len(flagged) >= 6 and len(clean) >= 6, (
+        f"{capability} ({CAPABILITIES[capability]}): {len(flagged)} flagged and {len(clean)} clean examples, "
+        "needs >= 6 of each")
+    for kind, examples in (("flagged", flagged), ("clean", clean)):
+        styles = {ex.style for ex in examples if ex.style}
+        assert len(styles) >= 3, f"{capability}: {kind} examples in styles {sorted(styles)}, needs >= 3 styles"
+
+
+def test_false_positive_knowledge_has_clean_examples():
+    assert len(_tagged("VALID", "FP")) >= 6
