@@ -58,10 +58,10 @@ def test_healthy_run_is_bit_identical_with_the_callback_and_quiet():
 
 
 @pytest.mark.parametrize("fault, code, where", [
-    ("mask_shift", _code("mask-not-shifted"), "trl_generation_batch(): argument 'action_mask'"),
+    ("mask_shift", _code("mask-not-shifted"), "GRPOTrainer._generate_and_score_completions(): argument \"output['action_mask']\""),
     ("ref_is_policy", _code("reference-alias"), "Guard(): argument 'reference'"),
-    ("group_mean_batch", _code("group-baseline"), "trl_generation_batch(): argument 'advantages'"),
-    ("stale_old_logp", _code("old-logp-recomputed"), "trl_loss_inputs(): argument 'old_per_token_logps'"),
+    ("group_mean_batch", _code("group-baseline"), "GRPOTrainer._generate_and_score_completions(): argument \"output['advantages']\""),
+    ("stale_old_logp", _code("old-logp-recomputed"), "GRPOTrainer._compute_loss(): argument \"inputs['old_per_token_logps']\""),
 ])
 def test_a_fault_at_a_seam_stops_training_with_its_code(fault, code, where):
     trainer = h.fault_classes()[fault].faulty_trainer()

@@ -36,7 +36,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 from transformers import TrainerCallback
 
-from rlguard.contracts import Finite, Frozen, Guard, GroupCentred, Mask, MatchesOwner, NoGrad, contract
+from rlguard.contracts import Batch, Finite, Frozen, Guard, GroupCentred, Mask, MatchesOwner, NoGrad, check_batch
 from rlguard.contracts import mode as contracts_mode
 from rlguard.contracts.markers import POLICY_ROLE
 from rlguard.diagnose import Monitor, Thresholds
@@ -67,44 +67,31 @@ def diagnose_row(logs: dict, step: int, beta: float) -> dict:
     return row
 
 
-# -- the two seams, as contract-checked functions ----------------------------------------------------------------
+# -- the two seams, as batch specs -------------------------------------------------------------------------------
 # Shapes: prompt [B, P], completion [B, C]; per-token tensors over the whole episode are [B, T-1], T = P + C.
-
-
-@contract
-def trl_generation_batch(
-    owner: Int[Tensor, "B T"],
-    action_mask: Annotated[Mask[Tensor, "B T-1"], MatchesOwner(owner="owner", policy_role=POLICY_ROLE)],
-    advantages: Annotated[Float[Tensor, "B"], NoGrad(), Finite(), GroupCentred(group_size="group_size")],
-    old_per_token_logps: Optional[Annotated[Float[Tensor, "B C"], NoGrad(), Finite()]],
-    ref_per_token_logps: Optional[Annotated[Float[Tensor, "B C"], NoGrad(), Finite()]],
-    sampling_per_token_logps: Optional[Annotated[Float[Tensor, "B C"], NoGrad()]],
-    group_size: int,
-) -> None:
-    """The generation batch TRL built: checked by the annotations (the body has nothing left to do)."""
-
-
-@contract
-def trl_ungrouped_batch(
-    owner: Int[Tensor, "B T"],
-    action_mask: Annotated[Mask[Tensor, "B T-1"], MatchesOwner(owner="owner", policy_role=POLICY_ROLE)],
-    advantages: Annotated[Float[Tensor, "B"], NoGrad(), Finite()],
-    old_per_token_logps: Optional[Annotated[Float[Tensor, "B C"], NoGrad(), Finite()]],
-    ref_per_token_logps: Optional[Annotated[Float[Tensor, "B C"], NoGrad(), Finite()]],
-    sampling_per_token_logps: Optional[Annotated[Float[Tensor, "B C"], NoGrad()]],
-) -> None:
-    """The same without the group check: with several processes a group's samples are spread over ranks."""
-
-
-@contract
-def trl_loss_inputs(
-    ids: Int[Tensor, "B T"],
-    mask: Mask[Tensor, "B C"],
-    logp: Annotated[Float[Tensor, "B C"], Finite()],
-    old_per_token_logps: Optional[Annotated[Float[Tensor, "B C"], NoGrad(), Finite(),
-                                            Frozen(current="logp", key="ids", mask="mask")]],
-) -> None:
-    """One micro-batch's loss inputs and the log-probs the loss computed from them."""
+# TRL's dicts hold completion-only tensors; the checks that need the whole episode (the mask against the tokens
+# the sampler wrote, the rows' identity) read the few tensors the callback adds in rlguard's layout.
+_GENERATED = dict(
+    owner=Int[Tensor, "B T"],
+    action_mask=Annotated[Mask[Tensor, "B T-1"], MatchesOwner(owner="owner", policy_role=POLICY_ROLE)],
+    old_per_token_logps=Optional[Annotated[Float[Tensor, "B C"], NoGrad(), Finite()]],
+    ref_per_token_logps=Optional[Annotated[Float[Tensor, "B C"], NoGrad(), Finite()]],
+    sampling_per_token_logps=Optional[Annotated[Float[Tensor, "B C"], NoGrad()]],
+)
+# the generation batch, one process: advantages centred per group of `group_size` completions
+GENERATION_BATCH = Batch(
+    **_GENERATED, group_size=int,
+    advantages=Annotated[Float[Tensor, "B"], NoGrad(), Finite(), GroupCentred(group_size="group_size")])
+# the same with several processes: a group's completions are spread over ranks, so no group check
+UNGROUPED_GENERATION_BATCH = Batch(**_GENERATED, advantages=Annotated[Float[Tensor, "B"], NoGrad(), Finite()])
+# one micro-batch's loss inputs and the log-probs the loss computed from them
+LOSS_INPUTS = Batch(
+    ids=Int[Tensor, "B T"],
+    completion_mask=Mask[Tensor, "B C"],
+    logp=Annotated[Float[Tensor, "B C"], Finite()],
+    old_per_token_logps=Optional[Annotated[Float[Tensor, "B C"], NoGrad(), Finite(),
+                                           Frozen(current="logp", key="ids", mask="completion_mask")]],
+)
 
 
 class RlguardCallback(TrainerCallback):
@@ -242,9 +229,11 @@ class RlguardCallback(TrainerCallback):
                        sampling_per_token_logps=out.get("sampling_per_token_logps"))
         with contracts_mode(self.mode):
             if t.accelerator.num_processes == 1:
-                trl_generation_batch(**tensors, group_size=t.num_generations)
+                check_batch(GENERATION_BATCH, {**tensors, "group_size": t.num_generations},
+                            where="GRPOTrainer._generate_and_score_completions", name="output")
             else:
-                trl_ungrouped_batch(**tensors)
+                check_batch(UNGROUPED_GENERATION_BATCH, tensors,
+                            where="GRPOTrainer._generate_and_score_completions", name="output")
 
     def _observed_logps(self, original, *args, **kwargs):
         out = original(*args, **kwargs)
@@ -270,7 +259,9 @@ class RlguardCallback(TrainerCallback):
         old = inputs.get("old_per_token_logps")
         if self.contracts:
             with contracts_mode(self.mode):
-                trl_loss_inputs(ids=ids, mask=mask, logp=logp, old_per_token_logps=old)
+                check_batch(LOSS_INPUTS, {"ids": ids, "completion_mask": mask, "logp": logp,
+                                          "old_per_token_logps": old},
+                            where="GRPOTrainer._compute_loss", name="inputs")
         if old is not None and mask.any():
             with torch.no_grad():
                 ratio = torch.exp(logp.float() - old.float())[mask.bool()]
