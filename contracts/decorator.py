@@ -27,6 +27,7 @@ from typing import Any, Callable
 
 import torch
 
+from rlguard.catalog import REFERENCE_ALIAS, TENSOR_CONTRACT
 from rlguard.contracts import guard as _guard
 from rlguard.contracts.batch import MISSING, Batch, field_names, get_field, is_typeddict
 from rlguard.contracts.errors import ContractDefinitionError, Violation
@@ -315,7 +316,7 @@ class Plan:
         self.extract = [(p, pos, default) for p, pos, default, _ in params if p in needed]
         self.in_types = [(a, h) for a, h in self.type_checks if not self.roots[a] == "return"]
         self.has_markers = bool(self.cheap or self.value or self.ret_markers)
-        self.needs_guard = any(getattr(m, "needs_guard", False) or m.code == "RLG008"
+        self.needs_guard = any(getattr(m, "needs_guard", False) or m.code == REFERENCE_ALIAS
                                for _, m in self.cheap + self.value + self.ret_markers)
         self.defer_values = any(m.value_check for _, m in self.ret_markers)
 
@@ -396,8 +397,8 @@ class Plan:
                 value = get_field(container, key)
                 if value is MISSING:
                     if not optional:
-                        return Violation("RLG000", self.function, parent, format_message(
-                            "RLG000", self.function, parent, f"has no key {key!r}, which its Batch spec requires",
+                        return Violation(TENSOR_CONTRACT, self.function, parent, format_message(
+                            TENSOR_CONTRACT, self.function, parent, f"has no key {key!r}, which its Batch spec requires",
                             got=f"{type(container).__name__} with keys {field_names(container)}",
                             hint=f"pass a container with {key!r}, or declare it Optional[...] in the Batch if it "
                                  "may be absent"))
@@ -482,7 +483,7 @@ def _explain(specs: list[TensorSpec], lookup: Callable[[str], Any]) -> Violation
     if fail is None:  # pragma: no cover - the fast and explaining paths disagree: a bug in rlguard
         raise AssertionError("rlguard: fast shape check failed but the explanation found nothing")
     spec, problem, shift = fail
-    code, hint = shift_hint(spec, shift) if shift else ("RLG000", None)
+    code, hint = shift_hint(spec, shift) if shift else (TENSOR_CONTRACT, None)
     return spec.violation(lookup(spec.argument), problem, b, src, code=code, hint=hint)
 
 
@@ -535,8 +536,8 @@ def _runner(plan: Plan) -> Callable[[dict, Callable[[], Any] | None], Any]:
             else:
                 msg = checker(pname, x, hint)
             if msg is not None:
-                violations.append(Violation("RLG000", qualname, pname, format_message(
-                    "RLG000", qualname, pname, "does not match its annotation", expected=repr(hint),
+                violations.append(Violation(TENSOR_CONTRACT, qualname, pname, format_message(
+                    TENSOR_CONTRACT, qualname, pname, "does not match its annotation", expected=repr(hint),
                     got=describe(x), hint=msg)))
         call = None
         probes: list[Probe] = []

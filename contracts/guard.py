@@ -27,6 +27,7 @@ from typing import Any, Iterator
 import torch
 from torch import nn
 
+from rlguard.catalog import GRAD_NOT_ZEROED, REFERENCE_ALIAS, TRAINED_PARAMS_DRIFT
 from rlguard.contracts.errors import Violation
 from rlguard.contracts.markers import Probe, settle
 from rlguard.contracts.settings import STATE, flush_compiled_notes, report
@@ -357,8 +358,8 @@ class Guard:
         ref, pol = self.reference, self.policy
         if ref is None or pol is None or STATE.mode == "off":
             return []
-        return [Violation("RLG008", "Guard", "reference",
-                          format_message("RLG008", "Guard", "reference", p, hint=REFERENCE_HINT))
+        return [Violation(REFERENCE_ALIAS, "Guard", "reference",
+                          format_message(REFERENCE_ALIAS, "Guard", "reference", p, hint=REFERENCE_HINT))
                 for p in reference_problems(ref, pol, self.optimizers, full=full)[:1]]
 
     def _due(self) -> bool:
@@ -412,8 +413,8 @@ class Guard:
             changed = list(dict.fromkeys(changed))
             problem = (f"optimizer.step() changed {len(changed)} of the reference's tensors "
                        f"(first: {changed[0]!r}); the reference must stay bit-identical")
-            violations.append(Violation("RLG008", "Guard", "reference", format_message(
-                "RLG008", "Guard", "reference", problem, hint=REFERENCE_HINT)))
+            violations.append(Violation(REFERENCE_ALIAS, "Guard", "reference", format_message(
+                REFERENCE_ALIAS, "Guard", "reference", problem, hint=REFERENCE_HINT)))
         if watch is not None and self._pre_versions is not None and self._group_signature() != self._groups:
             self._groups = self._group_signature()
             if not violations:
@@ -509,8 +510,8 @@ class _GradWatch:
         problem = (f"parameter {name!r}{more} of {label} still held the gradient left by optimizer step {step} "
                    f"when this step's first backward reached it: nothing zeroed it (or set it to None) since, so "
                    f"that step's gradient is added to this one's")
-        return [Violation("RLG013", "Guard", "gradients", format_message(
-            "RLG013", "Guard", "gradients", problem, hint=GRADIENT_HINT))]
+        return [Violation(GRAD_NOT_ZEROED, "Guard", "gradients", format_message(
+            GRAD_NOT_ZEROED, "Guard", "gradients", problem, hint=GRADIENT_HINT))]
 
 
 def _make_grad_hook(owner: weakref.ReferenceType, key: int, param: weakref.ReferenceType, label: str):
@@ -555,8 +556,8 @@ class _FrozenSet:
         name, gi, label = found[0]
         problem = (f"{len(found)} frozen parameter(s) are in an optimizer's param groups and require grad (first: "
                    f"{name!r} in {label}, param group {gi}): every step will train them")
-        return [Violation("RLG014", "Guard", "frozen", format_message(
-            "RLG014", "Guard", "frozen", problem, hint=FROZEN_HINT))]
+        return [Violation(TRAINED_PARAMS_DRIFT, "Guard", "frozen", format_message(
+            TRAINED_PARAMS_DRIFT, "Guard", "frozen", problem, hint=FROZEN_HINT))]
 
     def before_step(self, optimizer: Any, step: int) -> list[Violation]:
         if not self._params:
@@ -569,8 +570,8 @@ class _FrozenSet:
         label = self._labels.get(id(optimizer), type(optimizer).__name__)
         problem = (f"{len(found)} frozen parameter(s) hold a gradient in {label}'s param groups (first: {name!r}, "
                    f"param group {gi}): optimizer step {step} is about to change them")
-        return [Violation("RLG014", "Guard", "frozen", format_message(
-            "RLG014", "Guard", "frozen", problem, hint=FROZEN_HINT))]
+        return [Violation(TRAINED_PARAMS_DRIFT, "Guard", "frozen", format_message(
+            TRAINED_PARAMS_DRIFT, "Guard", "frozen", problem, hint=FROZEN_HINT))]
 
     def after_step(self, step: int, due: bool) -> tuple[list[Probe], Any]:
         """Version counters now; on the cadence, a fingerprint against the previous one (probes for the step's
@@ -605,8 +606,8 @@ class _FrozenSet:
                        "write the version counters did not see: .data, a fused optimizer, another view)")
             total = len(names) + len(by_value)
             problem = f"{total} frozen tensor(s) changed (first: {first!r}, {how})"
-            return [Violation("RLG014", "Guard", "frozen", format_message(
-                "RLG014", "Guard", "frozen", problem, hint=FROZEN_HINT))]
+            return [Violation(TRAINED_PARAMS_DRIFT, "Guard", "frozen", format_message(
+                TRAINED_PARAMS_DRIFT, "Guard", "frozen", problem, hint=FROZEN_HINT))]
 
         return probes, finish
 

@@ -27,6 +27,10 @@ from typing import Any, Callable
 
 import torch
 
+from rlguard.catalog import (
+    DETACHED_TARGETS, GROUP_BASELINE, MASK_NOT_SHIFTED, OLD_LOGP_RECOMPUTED, REFERENCE_ALIAS,
+    SAMPLER_TRAINER_MISMATCH, TENSOR_CONTRACT,
+)
 from rlguard.contracts.batch import MISSING, get_field
 from rlguard.contracts.errors import ContractDefinitionError, Violation
 from rlguard.contracts.spec import TensorSpec, describe, format_message
@@ -282,7 +286,7 @@ class Marker:
     ``"object"`` (not a tensor), ``"any"``.
     """
 
-    code = "RLG000"
+    code = TENSOR_CONTRACT
     value_check = False  # reads tensor values: obeys check_every
     needs_guard = False
     applies_to = "tensor"
@@ -381,7 +385,7 @@ class Marker:
                 return self._fail(
                     f"{self._argument} is on {x.device} but {self._name(what)} ({what}) is on {t.device}: the "
                     f"{type(self).__name__} check compares them element by element", x, call,
-                    "move both to one device (.to(x.device)) before the call; see RLG000", code="RLG000")
+                    "move both to one device (.to(x.device)) before the call; see RLG000", code=TENSOR_CONTRACT)
         return None
 
     def __repr__(self) -> str:
@@ -403,7 +407,7 @@ def _scope_note(site: Site) -> str:
 class NoGrad(Marker):
     """RLG003: ``requires_grad`` False and no ``grad_fn`` (old/reference log-probs, advantages, returns)."""
 
-    code = "RLG003"
+    code = DETACHED_TARGETS
 
     def check(self, x: Any, call: Call) -> Violation | None:
         if isinstance(x, torch.Tensor) and (x.requires_grad or x.grad_fn is not None):
@@ -418,7 +422,7 @@ class NoGrad(Marker):
 class Finite(Marker):
     """No NaN/Inf (losses, advantages, log-probs). Reported as RLG000 (the catalog has no own code for it)."""
 
-    code = "RLG000"
+    code = TENSOR_CONTRACT
     value_check = True
 
     def probe(self, x: Any, call: Call) -> Probe | None:
@@ -468,7 +472,7 @@ class GroupCentred(Marker):
     multiple of G, or as groups whose means are not 0; the message then names the rank and the straddling.
     """
 
-    code = "RLG009"
+    code = GROUP_BASELINE
     value_check = True
 
     def __init__(self, group_size: int | str | None = None, tol: float | None = None,
@@ -605,7 +609,7 @@ class MatchesOwner(Marker):
     ``owner``: a parameter, a sibling batch key or a dotted path, holding the [B, T] owner ids.
     """
 
-    code = "RLG001"
+    code = MASK_NOT_SHIFTED
     value_check = True
 
     def __init__(self, owner: str = "owner", policy_role: int = POLICY_ROLE) -> None:
@@ -670,7 +674,7 @@ class SamplerConsistent(Marker):
     :class:`Guard` inside ``guard.update()``.
     """
 
-    code = "RLG007"
+    code = SAMPLER_TRAINER_MISMATCH
     value_check = True
     needs_guard = True
 
@@ -747,7 +751,7 @@ class Frozen(Marker):
     valid tokens only. Needs an active :class:`Guard` in an update.
     """
 
-    code = "RLG002"
+    code = OLD_LOGP_RECOMPUTED
     value_check = True
     needs_guard = True
 
@@ -919,7 +923,7 @@ class DistinctReference(Marker):
     (``check_every``).
     """
 
-    code = "RLG008"
+    code = REFERENCE_ALIAS
 
     def __init__(self, policy: str | None = None, optimizer: str | None = None,
                  reference: str | None = None) -> None:

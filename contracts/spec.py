@@ -25,6 +25,7 @@ from typing import Any
 import torch
 from jaxtyping import AbstractArray
 
+from rlguard.catalog import LOGITS_LABEL_SHIFT, MASK_NOT_SHIFTED, TENSOR_CONTRACT
 from rlguard.contracts.errors import ContractDefinitionError, Violation
 
 try:  # private sentinels of jaxtyping 0.3.x (pinned by the [torch] extra)
@@ -286,7 +287,7 @@ class TensorSpec:
                 return f"dims {self.variadic} are {sub}, but {self.variadic}={prev}"
         return None
 
-    def violation(self, x: Any, problem: str, b: dict, src: dict, code: str = "RLG000",
+    def violation(self, x: Any, problem: str, b: dict, src: dict, code: str = TENSOR_CONTRACT,
                   hint: str | None = None) -> Violation:
         return Violation(code, self.function, self.argument,
                          format_message(code, self.function, self.argument, problem,
@@ -331,12 +332,12 @@ def check_deferred(deferred: list, b: dict, src: dict | None) -> tuple[TensorSpe
 def shift_hint(spec: TensorSpec, name: str) -> tuple[str, str]:
     """The code and likely cause for a per-token tensor that arrived one token too long."""
     if spec.kind == "mask":
-        return "RLG001", (f"mask aligned to ids, not ids[:, 1:]? It has {name} columns where the per-token "
+        return MASK_NOT_SHIFTED, (f"mask aligned to ids, not ids[:, 1:]? It has {name} columns where the per-token "
                           f"tensors have {name}-1: build it from owner[:, 1:] (or mask[:, 1:]); see RLG001")
     if spec.kind == "logp":
-        return "RLG012", ("log-probs gathered from logits[:, t] against ids[:, t] (no shift)? Use "
+        return LOGITS_LABEL_SHIFT, ("log-probs gathered from logits[:, t] against ids[:, t] (no shift)? Use "
                           "logits[:, :-1] against ids[:, 1:]; see RLG012")
-    return "RLG000", (f"per-token tensors are aligned to ids[:, 1:] and have {name}-1 columns; this one has "
+    return TENSOR_CONTRACT, (f"per-token tensors are aligned to ids[:, 1:] and have {name}-1 columns; this one has "
                       f"{name}; see RLG000")
 
 

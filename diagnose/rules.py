@@ -13,6 +13,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from rlguard.catalog import (
+    ACCUMULATION_SCALE, ADVANTAGE_SIGN, ENTROPY_BONUS_SIGN, KL_SIGN, LENGTH_BIAS, LOGITS_LABEL_SHIFT,
+    MASK_NOT_SHIFTED, OLD_LOGP_RECOMPUTED, REFERENCE_ALIAS, SAMPLER_TRAINER_MISMATCH,
+)
 from rlguard.diagnose.metrics import finite, is_number, keys_of
 
 
@@ -200,13 +204,13 @@ def logp_gap_rule(history, th: Thresholds, ctx: Context) -> Symptom | None:
     median = sorted(v for _, v in high)[len(high) // 2]
     misaligned = median > th.logp_gap_misaligned
     if misaligned:
-        codes = ["RLG001", "RLG012", "RLG007"]
+        codes = [MASK_NOT_SHIFTED, LOGITS_LABEL_SHIFT, SAMPLER_TRAINER_MISMATCH]
         cause = "a shift: the trained tokens' log-probs are not the sampled tokens' (mask or logits/labels)"
         advice = ("The gap is nats per token, so the trainer scores other tokens than the sampler did. Check that "
                   "the action mask is aligned to ids[:, 1:] (RLG001) and that logits[:, :-1] are gathered against "
                   "ids[:, 1:] (RLG012); run `rlguard check` for the mask-ownership invariant.")
     else:
-        codes = ["RLG007", "RLG012", "RLG001"]
+        codes = [SAMPLER_TRAINER_MISMATCH, LOGITS_LABEL_SHIFT, MASK_NOT_SHIFTED]
         cause = "sampler-trainer mismatch: old log-probs come from another distribution (temperature, precision)"
         advice = ("The sampler's distribution differs from the trainer's: compare the sampling temperature, top-p/"
                   "top-k and precision with the trainer's, and check logits are divided by the same temperature "
@@ -234,7 +238,7 @@ def ratio_stuck_rule(history, th: Thresholds, ctx: Context) -> Symptom | None:
                 "clip_frac_max": _g(max(v for _, v in clip)), "steps": len(rmax), "tolerance": th.ratio_one_tol}
     if grad:
         evidence["grad_norm_median"] = _g(sorted(v for _, v in grad)[len(grad) // 2])
-    return Symptom("ratio_stuck_at_one", ["RLG002"], [s for s, _ in rmax], evidence,
+    return Symptom("ratio_stuck_at_one", [OLD_LOGP_RECOMPUTED], [s for s, _ in rmax], evidence,
                    "Old log-probs are recomputed from the current weights inside the update loop, so every "
                    "minibatch sees ratio 1 and clipping never acts (RLG002): compute old_logp once per batch under "
                    "torch.no_grad() before the epoch loop. (A trainer that takes exactly one optimizer step per "
@@ -271,7 +275,7 @@ def kl_ref_zero_rule(history, th: Thresholds, ctx: Context) -> Symptom | None:
         evidence.update(kl_ref_last=_g(k1), approx_kl_last=_g(d1), kl_ref_vs_approx_kl=th.kl_ref_vs_approx_kl,
                         kl_ref_range=[_g(min(v for _, v in kl)), _g(max(v for _, v in kl))])
         steps = [s for s, _ in kl[-w:]]
-    return Symptom("kl_ref_zero", ["RLG008"], steps, evidence,
+    return Symptom("kl_ref_zero", [REFERENCE_ALIAS], steps, evidence,
                    "The KL term compares the policy with itself: the reference is the live policy (ref = model, a "
                    "shallow copy, shared storage, the reference in the optimizer) or its log-probs are recomputed "
                    "from the live weights (RLG008). Build it once with copy.deepcopy(model).eval() and "
@@ -344,7 +348,7 @@ def entropy_collapse_rule(history, th: Thresholds, ctx: Context) -> Symptom | No
         if r1 - r0 >= th.reward_rise:
             return None  # the groups agree because the policy solves the task: convergence, not collapse
     steps = [s for s, v in ent if v <= th.entropy_collapse_frac * e0]
-    return Symptom("entropy_collapse", ["RLG004"], steps, evidence,
+    return Symptom("entropy_collapse", [ENTROPY_BONUS_SIGN], steps, evidence,
                    "The policy turns deterministic without getting better, so every group's samples agree and the "
                    "advantages vanish. Check the entropy term's sign: an entropy bonus must be subtracted from a "
                    "minimised loss (RLG004); also check the sampling temperature.",
@@ -400,7 +404,7 @@ def length_bias_rule(history, th: Thresholds, ctx: Context) -> Symptom | None:
     if fail_growth < th.length_fail_growth or fail_growth < th.length_growth_gap * pass_growth:
         return None
     steps = [s for s, v in fail if v >= th.length_fail_growth * f0]
-    return Symptom("length_bias", ["RLG010", "RLG006"], steps,
+    return Symptom("length_bias", [LENGTH_BIAS, ACCUMULATION_SCALE], steps,
                    {"length_fail": [_g(f0), _g(f1)], "length_pass": [_g(p0), _g(p1)],
                     "fail_growth": _g(fail_growth), "pass_growth": _g(pass_growth),
                     "length_fail_growth": th.length_fail_growth, "length_growth_gap": th.length_growth_gap},
@@ -424,7 +428,7 @@ def reward_falls_rule(history, th: Thresholds, ctx: Context) -> Symptom | None:
     if len(ev) >= 2:
         evidence["eval_pass"] = [_g(ev[0][1]), _g(ev[-1][1])]
     steps = [s for s, v in rew if v <= (1 - th.reward_drop_rel) * r0]
-    return Symptom("reward_falls", ["RLG005", "RLG011"], steps, evidence,
+    return Symptom("reward_falls", [ADVANTAGE_SIGN, KL_SIGN], steps, evidence,
                    "The updates push the policy away from rewarded behaviour: check the sign of the advantages and "
                    "of the surrogate (loss = -(ratio * A)), the PPO clip's min/max (RLG005) and the KL term's sign "
                    "(RLG011); `rlguard check` tests that log pi rises where A > 0.",

@@ -11,7 +11,7 @@ import inspect
 import re
 from pathlib import Path
 
-from rlguard.catalog import CODES, PARSE_ERROR, TOOL_CODES, UNUSED_NOQA
+from rlguard.catalog import CODES, ENTROPY_BONUS_SIGN, KL_SIGN, PARSE_ERROR, TOOL_CODES, UNUSED_NOQA
 
 REQUIRED_SECTIONS = ("What it flags", "Why it is wrong", "Example", "Use instead", "Fix", "Options",
                      "Runtime counterpart", "Suppression")
@@ -91,7 +91,7 @@ def render_page(code: str) -> str:
     if not _has(body, "Suppression"):
         out += ["## Suppression", ""]
         if rule is not None:
-            other = "RLG011" if code != "RLG011" else "RLG004"
+            other = KL_SIGN if code != KL_SIGN else ENTROPY_BONUS_SIGN
             out += [f"Silence one line with `# noqa: {code}` (several codes: `# noqa: {code}, {other}`; a bare "
                     f"`# noqa` silences every code on the line). For whole files or folders use "
                     f"`per-file-ignores` in `[tool.rlguard]`, or `ignore = [\"{code}\"]` for the project.", ""]

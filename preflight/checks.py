@@ -15,6 +15,11 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from rlguard.catalog import (
+    ACCUMULATION_SCALE, ADVANTAGE_SIGN, ENTROPY_BONUS_SIGN, GRAD_NOT_ZEROED, GROUP_BASELINE, KL_SIGN,
+    LOGITS_LABEL_SHIFT, MASK_NOT_SHIFTED, OLD_LOGP_RECOMPUTED, REFERENCE_ALIAS, RELOAD_MISMATCH,
+    SAMPLER_TRAINER_MISMATCH, TRAINED_PARAMS_DRIFT,
+)
 
 # Step size (in parameter space, gradient normalised) of the single-term direction checks.
 DIRECTION_STEP = 1e-3
@@ -362,28 +367,28 @@ def pad_batch(adapter, batch, extra: int):
 
 # name -> (function, catalog code, what a failure means)
 CHECKS = {
-    "mask_policy": (check_mask_policy, "RLG001",
+    "mask_policy": (check_mask_policy, MASK_NOT_SHIFTED,
                     "the loss mask is not the policy's tokens of ids[:, 1:] (shifted or wrong owner)"),
-    "labels_shifted": (check_labels_shifted, "RLG012",
+    "labels_shifted": (check_labels_shifted, LOGITS_LABEL_SHIFT,
                        "trainer log-probs are not logits[:, t] gathered at ids[:, t+1]"),
-    "sampler_logp": (check_sampler_logp, "RLG007",
+    "sampler_logp": (check_sampler_logp, SAMPLER_TRAINER_MISMATCH,
                      "trainer and sampler disagree on the sampled tokens (temperature, precision, label shift)"),
-    "ratio_one": (check_ratio_one, "RLG007", "the PPO ratio is not 1 before any step: old log-probs are off-policy"),
-    "group_mean": (check_group_mean, "RLG009", "advantages are not centred per group (batch mean, wrong axis/size)"),
-    "padding_invariant": (check_padding_invariant, "RLG001", "right padding changes the loss: pads are trained on"),
-    "accumulation": (check_accumulation, "RLG006",
+    "ratio_one": (check_ratio_one, SAMPLER_TRAINER_MISMATCH, "the PPO ratio is not 1 before any step: old log-probs are off-policy"),
+    "group_mean": (check_group_mean, GROUP_BASELINE, "advantages are not centred per group (batch mean, wrong axis/size)"),
+    "padding_invariant": (check_padding_invariant, MASK_NOT_SHIFTED, "right padding changes the loss: pads are trained on"),
+    "accumulation": (check_accumulation, ACCUMULATION_SCALE,
                      "accumulated gradient differs from the one-pass gradient (per-microbatch normalisation)"),
-    "old_logp_frozen": (check_old_logp_frozen, "RLG002",
+    "old_logp_frozen": (check_old_logp_frozen, OLD_LOGP_RECOMPUTED,
                         "the ratio stays 1 across the update: old log-probs recomputed each minibatch"),
-    "advantage_direction": (check_advantage_direction, "RLG005",
+    "advantage_direction": (check_advantage_direction, ADVANTAGE_SIGN,
                             "an update makes low-reward episodes likelier: advantage or surrogate sign"),
-    "kl_positive": (check_kl_positive, "RLG008", "KL to the reference is 0 after a step: the reference is the policy"),
-    "entropy_direction": (check_entropy_direction, "RLG004",
+    "kl_positive": (check_kl_positive, REFERENCE_ALIAS, "KL to the reference is 0 after a step: the reference is the policy"),
+    "entropy_direction": (check_entropy_direction, ENTROPY_BONUS_SIGN,
                           "a step on the entropy term lowers entropy: the bonus has the wrong sign"),
-    "kl_direction": (check_kl_direction, "RLG011", "a step on the KL term raises KL: the penalty has the wrong sign"),
-    "grads_zeroed": (check_grads_zeroed, "RLG013", "stale .grad changes the update: gradients are not zeroed"),
-    "frozen_params": (check_frozen_params, "RLG014", "parameters meant to stay frozen changed in the update"),
-    "reload": (check_reload, "RLG015", "a saved and reloaded model gives other outputs"),
+    "kl_direction": (check_kl_direction, KL_SIGN, "a step on the KL term raises KL: the penalty has the wrong sign"),
+    "grads_zeroed": (check_grads_zeroed, GRAD_NOT_ZEROED, "stale .grad changes the update: gradients are not zeroed"),
+    "frozen_params": (check_frozen_params, TRAINED_PARAMS_DRIFT, "parameters meant to stay frozen changed in the update"),
+    "reload": (check_reload, RELOAD_MISMATCH, "a saved and reloaded model gives other outputs"),
     "reproducible": (check_reproducible, None, "the same seed gives another short-run signature"),
-    "greedy_eval": (check_greedy_eval, "RLG007", "greedy sampling does not reproduce the evaluation path"),
+    "greedy_eval": (check_greedy_eval, SAMPLER_TRAINER_MISMATCH, "greedy sampling does not reproduce the evaluation path"),
 }

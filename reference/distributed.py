@@ -33,6 +33,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
+from rlguard.catalog import ACCUMULATION_SCALE
 from rlguard.contracts import Guard, contract, global_token_count
 from rlguard.reference.adapter import ReferenceAdapter
 from rlguard.reference.config import GRPOConfig
@@ -119,10 +120,10 @@ def dp_update(model, ref_model, optimizer, batch, cfg, parts, generator):
 
 
 DP_FAULTS: dict[str, Fault] = {f.name: f for f in [
-    Fault("dp_local_token_mean", "RLG006",
+    Fault("dp_local_token_mean", ACCUMULATION_SCALE,
           "each rank divides its token sum by its own token count; DDP averages the per-rank means",
           "minibatch_backward", "accumulation", statically_visible=False),
-    Fault("dp_local_token_mean_accum", "RLG006",
+    Fault("dp_local_token_mean_accum", ACCUMULATION_SCALE,
           "each rank's microbatches each their own token mean / n_micro; DDP averages over ranks",
           "minibatch_backward", "accumulation"),  # rlguard lint reports RLG006 at the division by n_micro
 ]}

@@ -85,6 +85,24 @@ _CODES = [
          "yes", "-"),
 ]
 
+# One constant per failure mode, named after it: code refers to the codes through these, never by literal.
+TENSOR_CONTRACT = "RLG000"
+MASK_NOT_SHIFTED = "RLG001"
+OLD_LOGP_RECOMPUTED = "RLG002"
+DETACHED_TARGETS = "RLG003"
+ENTROPY_BONUS_SIGN = "RLG004"
+ADVANTAGE_SIGN = "RLG005"
+ACCUMULATION_SCALE = "RLG006"
+SAMPLER_TRAINER_MISMATCH = "RLG007"
+REFERENCE_ALIAS = "RLG008"
+GROUP_BASELINE = "RLG009"
+LENGTH_BIAS = "RLG010"
+KL_SIGN = "RLG011"
+LOGITS_LABEL_SHIFT = "RLG012"
+GRAD_NOT_ZEROED = "RLG013"
+TRAINED_PARAMS_DRIFT = "RLG014"
+RELOAD_MISMATCH = "RLG015"
+
 # rlguard's own codes, reported by the linter about its own work rather than about a trainer.
 PARSE_ERROR = "RLG900"
 UNUSED_NOQA = "RLG901"  # off unless selected by name, a prefix or ALL: stale noqa comments are not bugs

@@ -4,8 +4,10 @@
 counterpart and a note on suppression. Kept free of torch and libcst: only text.
 """
 
+from rlguard.catalog import GRAD_NOT_ZEROED, RELOAD_MISMATCH, TENSOR_CONTRACT, TRAINED_PARAMS_DRIFT
+
 PAGES: dict[str, str] = {
-    "RLG000": """
+    TENSOR_CONTRACT: """
         ## What it is
         No static check: caught at run time by the runtime contracts (`@contract`, see
         [docs/contracts.md](../contracts.md)). RLG000 is the catch-all code for a tensor whose shape or dtype
@@ -41,7 +43,7 @@ PAGES: dict[str, str] = {
         `RLGUARD=off|warn|raise` in the environment (or `rlguard.contracts.set_mode`) chooses whether a
         violation raises, warns or is skipped; `@contract(check_every=N)` checks one call in N.
     """,
-    "RLG014": """
+    TRAINED_PARAMS_DRIFT: """
         ## What it is
         No static check: caught at run time by the runtime contracts' `Guard` on every optimizer step (see
         [docs/contracts.md](../contracts.md)), and before the run by the preflight suite (`rlguard check`, see
@@ -80,7 +82,7 @@ PAGES: dict[str, str] = {
         parameters with `requires_grad=False` when the Guard is built); the preflight adapter declares the
         intended trainable set with `trainable_names` (see [docs/preflight.md](../preflight.md)).
     """,
-    "RLG015": """
+    RELOAD_MISMATCH: """
         ## What it is
         No static check: caught at run time by the preflight suite (`rlguard check`, see
         [docs/preflight.md](../preflight.md)), which saves a checkpoint, reloads it into a fresh model and
@@ -220,7 +222,7 @@ PAGES: dict[str, str] = {
 # More about each code's runtime counterpart than the catalog's one line: appended to the page's
 # "Runtime counterpart" section by rlguard.lint.docs.render_page.
 RUNTIME: dict[str, str] = {
-    "RLG013": """
+    GRAD_NOT_ZEROED: """
         The contracts' `Guard` checks it at every `optimizer.step()` it hooks
         (`Guard(policy=model, optimizer=opt)`, one optimizer or a list): after each step it records the
         identity and version counter of a few parameters' `.grad` (no gradient is written, and values are read
@@ -230,7 +232,7 @@ RUNTIME: dict[str, str] = {
         over the microbatches of one step is not affected. See [docs/contracts.md](../contracts.md), "The
         guard".
     """,
-    "RLG014": """
+    TRAINED_PARAMS_DRIFT: """
         The contracts' `Guard(..., frozen=...)` checks it at every `optimizer.step()` it hooks: at
         construction, frozen parameters that are in an optimizer's param groups and require grad; before
         each step, frozen parameters holding a gradient in the stepping optimizer's groups (reported before

@@ -77,3 +77,13 @@ def test_write_docs_command(tmp_path, capsys):
     for code in CODES:
         assert (tmp_path / f"{code}.md").read_text(encoding="utf-8") == render_page(code)
     assert "wrote" in capsys.readouterr().out
+
+
+def test_every_failure_mode_has_a_constant_named_after_it():
+    import rlguard.catalog as catalog
+
+    for code, entry in catalog.CODES.items():
+        if code in catalog.TOOL_CODES:
+            continue
+        constant = entry.name.upper().replace("-", "_")
+        assert getattr(catalog, constant, None) == code, f"rlguard.catalog.{constant} should be {code!r}"

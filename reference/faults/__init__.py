@@ -11,6 +11,11 @@ from dataclasses import dataclass
 from importlib import import_module
 from pathlib import Path
 from typing import Callable
+from rlguard.catalog import (
+    ACCUMULATION_SCALE, ADVANTAGE_SIGN, ENTROPY_BONUS_SIGN, GRAD_NOT_ZEROED, GROUP_BASELINE, KL_SIGN,
+    LOGITS_LABEL_SHIFT, MASK_NOT_SHIFTED, OLD_LOGP_RECOMPUTED, REFERENCE_ALIAS, SAMPLER_TRAINER_MISMATCH,
+    TRAINED_PARAMS_DRIFT,
+)
 
 HERE = Path(__file__).resolve().parent
 
@@ -38,25 +43,25 @@ class Fault:
 
 
 _FAULTS = [
-    Fault("mask_shift", "RLG001", "action mask aligned to ids instead of ids[:, 1:]: each policy span moves one token right",
+    Fault("mask_shift", MASK_NOT_SHIFTED, "action mask aligned to ids instead of ids[:, 1:]: each policy span moves one token right",
           "build_action_mask", "mask_policy"),
-    Fault("stale_old_logp", "RLG002", "old log-probs recomputed from the current weights before every minibatch",
+    Fault("stale_old_logp", OLD_LOGP_RECOMPUTED, "old log-probs recomputed from the current weights before every minibatch",
           "update", "old_logp_frozen"),
-    Fault("entropy_sign", "RLG004", "entropy bonus added to the minimised loss: an entropy penalty",
+    Fault("entropy_sign", ENTROPY_BONUS_SIGN, "entropy bonus added to the minimised loss: an entropy penalty",
           "compute_loss", "entropy_direction"),
-    Fault("sign_flip", "RLG005", "advantages negated", "group_advantages", "advantage_direction"),
-    Fault("accum_local", "RLG006", "length-sorted microbatches, each its own token mean / n_micro",
+    Fault("sign_flip", ADVANTAGE_SIGN, "advantages negated", "group_advantages", "advantage_direction"),
+    Fault("accum_local", ACCUMULATION_SCALE, "length-sorted microbatches, each its own token mean / n_micro",
           "minibatch_backward", "accumulation"),
-    Fault("sampler_temp", "RLG007", "sampler at temperature 0.7, trainer at cfg.temperature; sampler log-probs used as old",
+    Fault("sampler_temp", SAMPLER_TRAINER_MISMATCH, "sampler at temperature 0.7, trainer at cfg.temperature; sampler log-probs used as old",
           "rollout", "sampler_logp"),
-    Fault("ref_is_policy", "RLG008", "the KL reference is the live policy object", "make_reference", "kl_positive"),
-    Fault("group_mean_batch", "RLG009", "advantages centred on the whole batch's mean instead of each group's",
+    Fault("ref_is_policy", REFERENCE_ALIAS, "the KL reference is the live policy object", "make_reference", "kl_positive"),
+    Fault("group_mean_batch", GROUP_BASELINE, "advantages centred on the whole batch's mean instead of each group's",
           "group_advantages", "group_mean"),
-    Fault("kl_sign", "RLG011", "KL penalty subtracted from the minimised loss", "compute_loss", "kl_direction"),
-    Fault("label_shift", "RLG012", "logits[:, :-1] gathered at ids[:, :-1]: logits[:, t] scored against ids[:, t]",
+    Fault("kl_sign", KL_SIGN, "KL penalty subtracted from the minimised loss", "compute_loss", "kl_direction"),
+    Fault("label_shift", LOGITS_LABEL_SHIFT, "logits[:, :-1] gathered at ids[:, :-1]: logits[:, t] scored against ids[:, t]",
           "token_log_probs", "labels_shifted"),
-    Fault("no_zero_grad", "RLG013", "optimizer.step() in the loop with no zero_grad", "update", "grads_zeroed"),
-    Fault("trains_frozen", "RLG014", "the frozen position embedding is unfrozen and put in the optimizer",
+    Fault("no_zero_grad", GRAD_NOT_ZEROED, "optimizer.step() in the loop with no zero_grad", "update", "grads_zeroed"),
+    Fault("trains_frozen", TRAINED_PARAMS_DRIFT, "the frozen position embedding is unfrozen and put in the optimizer",
           "make_optimizer", "frozen_params", statically_visible=False),
 ]
 
