@@ -202,9 +202,10 @@ def render(rows: list[dict], machine: str, runs: int) -> str:
         slow = sorted(((k, v) for k, v in stages.items() if k.startswith("RLG")), key=lambda kv: -kv[1])[:3]
         lines.append(f"| {r['kind']} | {r['lines']:,} | " + " | ".join(f"{per[s]:.2f}" for s in STAGES)
                      + " | " + ", ".join(f"{k} {v:.2f}" for k, v in slow) + " |")
-    lines += ["", "`syntax` is CPython's check of every file for the target version, `context` the index walk of "
-                  "`lint/context.py`, `positions` the placing of the findings (one code-generation pass recording "
-                  "only the flagged nodes).", ""]
+    lines += ["", "`syntax` is CPython's check of every file for the target version, `triggers` the search of the "
+                  "rules' trigger patterns, `context` the analysis index (`lint/analysis/index.py`, one walk), "
+                  "`positions` the placing of the findings (one code-generation pass recording only the flagged "
+                  "nodes).", ""]
     return "\n".join(lines)
 
 
