@@ -191,9 +191,81 @@ class Fault:
     check: str
     code: str
     healthy: dict | None = None
+    peft: bool = False  # on a LoRA trainer (make_peft_trainer)
 
     def faulty_trainer(self):
-        return make_trainer(self.cls, **self.config)
+        return (make_peft_trainer if self.peft else make_trainer)(self.cls, **self.config)
 
     def healthy_trainer(self):
-        return make_trainer(**(self.config if self.healthy is None else self.healthy))
+        return (make_peft_trainer if self.peft else make_trainer)(
+            **(self.config if self.healthy is None else self.healthy))
+
+
+# -------------------------------------------------------------------------------- PEFT (LoRA)
+
+
+def lora_config(**overrides):
+    """A LoRA adapter on the attention's q and v projections (no dropout: the tests compare runs bit for bit)."""
+    from peft import LoraConfig
+
+    return LoraConfig(**{"r": 4, "lora_alpha": 8, "target_modules": ["q_proj", "v_proj"], "lora_dropout": 0.0,
+                         "task_type": "CAUSAL_LM", **overrides})
+
+
+def make_peft_trainer(cls=None, callbacks=None, peft=None, **overrides):
+    """``make_trainer`` with a LoRA adapter (``peft_config``): TRL wraps the tiny model in a ``PeftModel``."""
+    from trl import GRPOConfig, GRPOTrainer
+    from transformers.trainer_callback import PrinterCallback
+
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    args = GRPOConfig(output_dir=scratch("out-"), **{**CONFIG, **overrides})
+    trainer = (cls or GRPOTrainer)(model=model_dir(), reward_funcs=reward_good_words, args=args,
+                                   train_dataset=dataset(), processing_class=tokenizer(), callbacks=callbacks,
+                                   peft_config=peft or lora_config())
+    trainer.remove_callback(PrinterCallback)
+    return trainer
+
+
+def peft_fault_classes():
+    """name -> ``Fault`` on a LoRA trainer (``make_peft_trainer``)."""
+    from trl import GRPOTrainer
+
+    from rlguard.catalog import REFERENCE_ALIAS, TRAINED_PARAMS_DRIFT
+
+    class ReferenceAdapterOn(GRPOTrainer):
+        """RLG008: TRL's reference pass runs with the adapter still on (``use_adapter`` made a no-op), so the KL
+        is measured against the live policy."""
+
+        def _generate_and_score_completions(self, inputs):
+            import contextlib
+
+            import trl.trainer.grpo_trainer as grpo
+
+            original = grpo.use_adapter
+            grpo.use_adapter = lambda model, adapter_name: contextlib.nullcontext()
+            try:
+                return super()._generate_and_score_completions(inputs)
+            finally:
+                grpo.use_adapter = original
+
+    class UnfrozenBaseWeight(GRPOTrainer):
+        """RLG014: a base weight (``lm_head``) switched trainable next to the adapter, which does not list it."""
+
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.model.get_base_model().lm_head.weight.requires_grad_(True)
+
+    class PeftReferenceIsPolicy(GRPOTrainer):
+        """RLG008: a ``ref_model`` set to the PEFT policy itself (adapter on): TRL then uses it as the reference."""
+
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.ref_model = self.model  # noqa: RLG008 - the fault, seeded on purpose
+
+    return {
+        "peft_ref_is_policy": Fault(PeftReferenceIsPolicy, {"beta": 0.1}, "kl_positive", REFERENCE_ALIAS,
+                                    peft=True),
+        "peft_ref_adapter_on": Fault(ReferenceAdapterOn, {"beta": 0.1}, "kl_positive", REFERENCE_ALIAS,
+                                     peft=True),
+        "peft_base_unfrozen": Fault(UnfrozenBaseWeight, {}, "frozen_params", TRAINED_PARAMS_DRIFT, peft=True),
+    }

@@ -8,7 +8,10 @@ What it checks, and where:
 
 - **the reference** (RLG008), with a ``rlguard.contracts.Guard`` over the policy, TRL's ``ref_model`` and the
   optimizer: distinct object, no shared storage, not in the optimizer (at the start and at every generation),
-  bit-identical across every ``optimizer.step()``.
+  bit-identical across every ``optimizer.step()``. With PEFT and no ``ref_model``, TRL's reference is the
+  policy with its adapter off: it shares the base weights by design, so it is not checked as a separate model;
+  the guard watches every parameter outside the active adapter as frozen instead (bit-identical across every
+  step, never trained by the optimizer: RLG014), which is what keeps that reference fixed.
 - **the generation batch** TRL builds (``_generate_and_score_completions``' dict): the loss mask equals the
   tokens the sampler wrote, aligned to ``ids[:, 1:]`` (RLG001); advantages centred per group of
   ``num_generations`` (RLG009), finite and without autograd history (RLG003), as are the old, reference and
@@ -40,7 +43,7 @@ from rlguard.contracts import Batch, Finite, Frozen, Guard, GroupCentred, Mask, 
 from rlguard.contracts import mode as contracts_mode
 from rlguard.contracts.markers import POLICY_ROLE
 from rlguard.diagnose import Monitor, Thresholds
-from rlguard.integrations.trl.preflight import per_token, policy_written
+from rlguard.integrations.trl.preflight import adapter_parameter_names, per_token, policy_written
 
 MODES = ("raise", "warn", "off")
 
@@ -140,9 +143,15 @@ class RlguardCallback(TrainerCallback):
         if self.contracts:
             optimizer = getattr(optimizer, "optimizer", optimizer)  # accelerate's AcceleratedOptimizer wraps torch's
             reference = t.ref_model if t.beta != 0.0 else None
+            frozen = None  # the policy's parameters with requires_grad off now
+            names = adapter_parameter_names(t.model)
+            if names:  # PEFT: what must not move is everything outside the adapter, whatever requires_grad says
+                adapter = frozenset(id(p) for n, p in t.model.named_parameters() if n in names)
+                frozen = lambda _name, tensor: id(tensor) not in adapter  # noqa: E731 - by identity: the guard
+                # names the tensors as the unwrapped model does
             with contracts_mode(self.mode):
                 self.guard = Guard(policy=t.model, reference=reference, optimizer=optimizer,
-                                   check_every=self.check_every)
+                                   check_every=self.check_every, frozen=frozen)
             self._wrap("_generate", self._observed_generate)
             self._wrap("_generate_and_score_completions", self._checked_generation)
         if self.contracts or self.monitor is not None:  # the monitor reads the PPO ratio from the loss seam

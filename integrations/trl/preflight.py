@@ -19,6 +19,12 @@ To bind the trainer to a copy, the adapter sets ``trainer.model`` (and ``model_w
 (``_generate``, ``_calculate_rewards``, the copy's ``generate``) are wrapped on the instance and the wrappers
 removed after the call. The update loop replays ``transformers.Trainer``'s inner loop (``training_step`` per
 micro-batch, clip, ``optimizer.step()``, ``model.zero_grad()``) without callbacks, logging or checkpoints.
+
+A PEFT policy (a ``peft_config`` given to the trainer, or a ``PeftModel``) is copied whole, adapter structure
+included (TRL's fused head sits on its base model). TRL's reference is then the policy itself with the adapter
+off (or its frozen ``"ref"`` adapter active), not a model: ``make_reference`` returns a ``PeftReference``, and
+the reference's log-probs and logits come from TRL's own reference pass (``_generate_and_score_completions``
+replayed on the batch's completions and rewards). The parameters meant to train are the adapter's.
 """
 
 from __future__ import annotations
@@ -46,6 +52,54 @@ class TRLPreflightError(ValueError):
     """The trainer's configuration is one the TRL preflight does not support (it says which and why)."""
 
 
+class PeftReference:
+    """TRL's KL reference of a PEFT policy: ``policy`` itself with the adapter off (or its ``"ref"`` adapter
+    active), as ``_generate_and_score_completions`` computes it when the trainer has no ``ref_model``.
+
+    Not a model of its own: the adapter's ``logits`` and log-probs of it replay TRL's reference pass on
+    ``policy`` as it is at that moment (after an update: the updated adapter switched off again).
+    """
+
+    def __init__(self, policy: torch.nn.Module):
+        self.policy = policy
+
+    def __repr__(self) -> str:
+        return f"PeftReference({type(self.policy).__name__}, adapter off)"
+
+
+def fused_target(model: torch.nn.Module) -> torch.nn.Module:
+    """The module TRL's fused log-prob head patches: the base model of a PEFT model, else the model."""
+    return model.get_base_model() if is_peft_model(model) else model
+
+
+def adapter_parameter_names(model: torch.nn.Module) -> set[str]:
+    """The parameters of a PEFT model's active adapter(s): what training is meant to change (LoRA's ``lora_A`` /
+    ``lora_B``, ``modules_to_save`` copies, ...), read from PEFT's layers rather than from ``requires_grad``
+    (which a faulty trainer may switch on for a base weight). Empty for a model without PEFT."""
+    if not is_peft_model(model):
+        return set()
+    active = list(model.active_adapters)
+    names: set[str] = set()
+    for prefix, module in model.named_modules():
+        attrs = getattr(module, "adapter_layer_names", None)  # PEFT's tuner layers and auxiliary wrappers
+        if not attrs:
+            continue
+        for attr in attrs:
+            container = getattr(module, attr, None)
+            if not isinstance(container, (torch.nn.ModuleDict, torch.nn.ParameterDict)):
+                continue
+            for adapter in active:
+                if adapter not in container:
+                    continue
+                item = container[adapter]
+                base = f"{prefix}.{attr}.{adapter}" if prefix else f"{attr}.{adapter}"
+                if isinstance(item, torch.nn.Parameter):
+                    names.add(base)
+                else:
+                    names.update(f"{base}.{n}" for n, _ in item.named_parameters())
+    return names
+
+
 @dataclass
 class GenerationBatch:
     """One generation batch: TRL's loss dict and what the sampler and the reward functions saw."""
@@ -55,6 +109,8 @@ class GenerationBatch:
     generated: torch.Tensor  # bool [B, C]: completion tokens the sampler produced (and that are meant to train)
     sampler_logps: torch.Tensor  # [B, C] log-probs of those tokens under the sampler's processed distribution
     prompt_rows: list  # the dataset rows the batch was generated from (each prompt G times)
+    generate_output: tuple | None = None  # what ``_generate`` returned (replayed by TRL's reference pass)
+    rewards_per_func: torch.Tensor | None = None  # what ``_calculate_rewards`` returned
 
     @property
     def prompt_len(self) -> int:
@@ -139,6 +195,17 @@ class GRPOAdapter:
         self.autocast = autocast
         self.group_size = trainer.num_generations
         self.pad_id = trainer._tokenizer.pad_token_id
+        self.peft = is_peft_model(trainer.model)
+        if self.peft:  # the frozen_params check's intended set: the adapter's parameters, not requires_grad
+            self.trainable_names = adapter_parameter_names
+
+    def _peft_base_path(self) -> str | None:
+        import os
+
+        model = self.trainer.model
+        config = model.peft_config[model.active_adapters[0]]
+        path = config.base_model_name_or_path
+        return path if isinstance(path, str) and path and (os.path.isdir(path) or not os.path.isabs(path)) else None
 
     # -- configuration ----------------------------------------------------------------------------------------
     @property
@@ -154,7 +221,9 @@ class GRPOAdapter:
         """Checks that cannot apply to this trainer's configuration, with the reason."""
         t, out = self.trainer, {}
         if t.beta == 0.0:
-            reason = "beta == 0: the loss has no KL term (TRL builds no reference model)"
+            reason = ("beta == 0: the loss has no KL term (TRL uses no reference: with PEFT it would be the base "
+                      "model with the adapter off)" if self.peft else
+                      "beta == 0: the loss has no KL term (TRL builds no reference model)")
             out["kl_positive"] = out["kl_direction"] = reason
         if not t._entropy_bonus_enabled:
             out["entropy_direction"] = "entropy_coef == 0: GRPO's loss has no entropy bonus"
@@ -165,6 +234,9 @@ class GRPOAdapter:
                 " the ratio is 1 by construction")
         out["grads_zeroed"] = ("the optimizer loop is transformers.Trainer's (model.zero_grad() before training and "
                                "after every step), which the preflight replays: it would test its own replay")
+        if self.peft and self._peft_base_path() is None:
+            out["reload"] = ("the PEFT model's base_model_name_or_path is not a folder or model id TRL can load "
+                             "the base model from, so a saved adapter cannot be loaded back onto it")
         if self.factory is None:
             out["reproducible"] = "no trainer factory to build two fresh trainers from (rlguard check --trl gives one)"
         return out
@@ -180,8 +252,10 @@ class GRPOAdapter:
         """The trainer's reference, copied so that it relates to ``model`` as it relates to ``trainer.model``
         (the same object if it is the policy, shared tensors where it shares them)."""
         t = self.trainer
-        if t.beta == 0.0 or t.ref_model is None:
+        if t.beta == 0.0:
             return None
+        if t.ref_model is None:  # PEFT: TRL computes the reference with the policy's adapter off
+            return PeftReference(model) if self.peft else None
         return copy_patched_model(t.ref_model, _correspondence(t.model, model))
 
     def make_optimizer(self, model):
@@ -251,7 +325,9 @@ class GRPOAdapter:
         sampler = sampler.masked_fill(~generated, 0.0)
         if "sampling_per_token_logps" in inputs:  # a sampler that reports its own log-probs
             sampler = inputs["sampling_per_token_logps"].float()
-        return GenerationBatch(inputs, rewards.to(device), generated, sampler, rows)
+        return GenerationBatch(inputs, rewards.to(device), generated, sampler, rows,
+                               generate_output=copy.deepcopy(seen["_generate"]),
+                               rewards_per_func=seen["_calculate_rewards"].detach().clone())
 
     # -- the protocol's views of the batch -----------------------------------------------------------------------
     def _per_token(self, batch: GenerationBatch, completion: torch.Tensor) -> torch.Tensor:
@@ -286,6 +362,8 @@ class GRPOAdapter:
         return adv
 
     def _completion_logps(self, model, batch, ids=None):
+        if isinstance(model, PeftReference):
+            return self._reference_pass(model, batch)["logps"]
         t = self.trainer
         with self._bound(model) as t:
             logps, _, _ = t._get_per_token_logps_and_entropies(
@@ -303,6 +381,8 @@ class GRPOAdapter:
         return self._per_token(batch, old.float())
 
     def logits(self, model, batch):
+        if isinstance(model, PeftReference):
+            return self._reference_pass(model, batch)["logits"]
         with self._bound(model) as t, t.accelerator.autocast():
             out = model(input_ids=self.token_ids(batch), attention_mask=self._attention(batch))
         return out.logits[:, :-1].float() / t.temperature
@@ -317,6 +397,32 @@ class GRPOAdapter:
                 inputs[key] = F.pad(value, (0, extra), value=fill.get(key, 0))
         return replace(batch, inputs=inputs, generated=F.pad(batch.generated, (0, extra), value=False),
                        sampler_logps=F.pad(batch.sampler_logps, (0, extra), value=0.0))
+
+    def _reference_pass(self, ref: PeftReference, batch: GenerationBatch) -> dict:
+        """TRL's own reference pass of a PEFT policy over ``batch``: ``_generate_and_score_completions`` on
+        ``ref.policy``, its ``_generate`` and ``_calculate_rewards`` returning what they returned for the batch, so
+        that TRL switches the adapter off (``use_adapter``) and computes ``ref_per_token_logps`` as in training.
+        -> ``logps`` [B, C] (TRL's) and ``logits`` [B, T-1, V] (the model's, temperature applied, in the adapter
+        state of that same call)."""
+        if batch.generate_output is None or batch.rewards_per_func is None:
+            raise TRLPreflightError("the batch does not hold the generation to replay TRL's reference pass on")
+        model = ref.policy
+        calls: list = []
+        was_training = model.training
+        with self._bound(model, None) as t, torch.random.fork_rng(), torch.no_grad(), \
+                _replaying(t, batch), _logps_calls(t, calls):
+            torch.manual_seed(self.seed)
+            model.train()
+            try:
+                out = t._generate_and_score_completions([dict(r) for r in batch.prompt_rows])
+            finally:
+                model.train(was_training)
+        ref_logps = out.get("ref_per_token_logps")
+        found = [logits for logps, logits in calls if logps is ref_logps]
+        if ref_logps is None or not found:
+            raise TRLPreflightError("TRL's reference log-probs of the PEFT model did not come from "
+                                    "_get_per_token_logps_and_entropies: the reference could not be observed")
+        return {"logps": ref_logps.float(), "logits": found[-1]}
 
     # -- loss, backward, update ----------------------------------------------------------------------------------
     def _rows(self, batch: GenerationBatch, rows) -> dict:
@@ -342,7 +448,9 @@ class GRPOAdapter:
         if term == "kl" and t.beta == 0.0 or term == "entropy" and not t._entropy_bonus_enabled:
             return None
         inputs = self._rows(batch, rows)
-        if ref_model is not None and t.beta != 0.0:
+        if isinstance(ref_model, PeftReference) and t.beta != 0.0:
+            inputs["ref_per_token_logps"] = self._reference_pass(ref_model, batch)["logps"][torch.as_tensor(rows)]
+        elif ref_model is not None and t.beta != 0.0:
             with torch.no_grad():
                 sub = replace(batch, inputs=inputs)
                 inputs["ref_per_token_logps"] = self._completion_logps(ref_model, sub)
@@ -408,12 +516,19 @@ class GRPOAdapter:
         kwargs = dict(t.args.model_init_kwargs or {})
         kwargs.setdefault("dtype", t.model.dtype)
         kwargs.setdefault("attn_implementation", t.model.config._attn_implementation)
-        model = trl_utils.create_model_from_path(str(path), **kwargs)
+        with torch.random.fork_rng():  # PEFT initialises the adapter from the global RNG before loading it
+            if self.peft:  # save_model wrote the adapter: load the base model, then the adapter onto it
+                from peft import PeftModel
+
+                base = trl_utils.create_model_from_path(self._peft_base_path(), **kwargs)
+                model = PeftModel.from_pretrained(base, str(path), is_trainable=True)
+            else:
+                model = trl_utils.create_model_from_path(str(path), **kwargs)
         if t.args.disable_dropout:
             trl_utils.disable_dropout_in_model(model)
-        params = _fused_patch(t.model)
+        params = _fused_patch(fused_target(t.model))
         if params is not None:
-            trl_utils.add_fused_lm_head(model, **params)
+            trl_utils.add_fused_lm_head(fused_target(model), **params)
         return model
 
     def run_signature(self, seed, steps):
@@ -441,8 +556,8 @@ class GRPOAdapter:
         t = self.trainer
         saved = {k: t.__dict__.get(k, _MISSING) for k in _BOUND}
         t.model = t.model_wrapped = model
-        if ref_model is not _MISSING:
-            t.ref_model = ref_model
+        if ref_model is not _MISSING:  # TRL's PEFT reference is no model: ref_model stays None
+            t.ref_model = None if isinstance(ref_model, PeftReference) else ref_model
         t._metrics = {"train": defaultdict(list), "eval": defaultdict(list)}  # the preflight logs nothing
         native_amp = t.accelerator.native_amp
         if not self.autocast:
@@ -555,6 +670,38 @@ def _feeding(trainer, batch: GenerationBatch):
 
 
 @contextlib.contextmanager
+def _replaying(trainer, batch: GenerationBatch):
+    """TRL's ``_generate`` and ``_calculate_rewards`` return what they returned for ``batch`` (copies)."""
+    trainer._generate = lambda *_a, **_k: copy.deepcopy(batch.generate_output)
+    trainer._calculate_rewards = lambda *_a, **_k: batch.rewards_per_func.clone()
+    try:
+        yield
+    finally:
+        trainer.__dict__.pop("_generate", None)
+        trainer.__dict__.pop("_calculate_rewards", None)
+
+
+@contextlib.contextmanager
+def _logps_calls(trainer, calls: list):
+    """Each ``_get_per_token_logps_and_entropies`` call -> ``(its log-probs, the model's logits in that call)``:
+    the logits are read inside the call, in the adapter state TRL put the model in for it."""
+    logps_of = trainer._get_per_token_logps_and_entropies
+
+    def observed(model, input_ids, attention_mask, *args, **kwargs):
+        out = logps_of(model, input_ids, attention_mask, *args, **kwargs)
+        with trainer.accelerator.autocast():
+            logits = model(input_ids=input_ids, attention_mask=attention_mask).logits
+        calls.append((out[0], logits[:, :-1].float() / trainer.temperature))
+        return out
+
+    trainer._get_per_token_logps_and_entropies = observed
+    try:
+        yield
+    finally:
+        trainer.__dict__.pop("_get_per_token_logps_and_entropies", None)
+
+
+@contextlib.contextmanager
 def _ratio_probe(trainer, ratios: list):
     """Record (max, min) of the PPO ratio each ``GRPOTrainer._compute_loss`` call of ``trainer`` uses.
 
@@ -622,12 +769,13 @@ def unsupported_configuration(trainer) -> None:
         problems.append("tools, environment_factory or rollout_func (multi-turn rollouts are not supported yet)")
     if getattr(t, "_is_vlm", False):
         problems.append("a vision-language model")
-    if is_peft_model(t.model):
-        problems.append("a PEFT model (the reference is the base model with the adapter off; not supported yet)")
+    if is_peft_model(t.model) and any(getattr(c, "is_prompt_learning", False) for c in t.model.peft_config.values()):
+        problems.append("a prompt-learning PEFT method (prefix/prompt tuning: only adapters on the model's layers, "
+                        "such as LoRA, are supported)")
     if args.cast_lm_head_to_fp32:
         problems.append("cast_lm_head_to_fp32=True (TRL patches lm_head with a closure over the original module, "
                         "so a copy of the model would run the original's head)")
-    if _fused_patch(t.model) is None:
+    if _fused_patch(fused_target(t.model)) is None:
         problems.append("the model has no TRL fused log-prob head (was it replaced after the trainer was built?)")
     if problems:
         raise TRLPreflightError("the TRL preflight does not support " + "; ".join(problems))
