@@ -29,6 +29,8 @@ def test_the_extra_pins_the_range_the_code_enforces():
     project = _pyproject()
     trl_req = [r for r in project["project"]["optional-dependencies"]["trl"] if r.startswith("trl")]
     assert trl_req == [f"trl{_version.SUPPORTED_TRL}"]
+    peft_req = [r for r in project["project"]["optional-dependencies"]["trl"] if r.startswith("peft")]
+    assert peft_req == [f"peft{_version.SUPPORTED_PEFT}"]
     setuptools = project["tool"]["setuptools"]
     assert {"rlguard.integrations", "rlguard.integrations.trl"} <= set(setuptools["packages"])
     assert setuptools["package-dir"]["rlguard.integrations"] == "integrations"
@@ -55,6 +57,15 @@ def test_other_trl_versions_are_refused_naming_the_range(monkeypatch):
     monkeypatch.setattr(_version.metadata, "version", absent)
     with pytest.raises(ImportError, match=r"needs TRL >=1.16,<1.17, which is not installed"):
         _version.require_supported_trl()
+
+
+def test_another_peft_version_is_named_only_for_a_peft_trainer(monkeypatch):
+    assert _version.unsupported_peft() is None  # the installed one is in the tested range
+    monkeypatch.setattr(_version.metadata, "version", lambda name: "0.16.0")
+    message = _version.unsupported_peft()
+    assert "PEFT 0.16.0" in message and f"tested with PEFT {_version.SUPPORTED_PEFT}" in message
+    assert not _version.supported("0.22.0", _version.SUPPORTED_PEFT) and _version.supported("0.18.1",
+                                                                                             _version.SUPPORTED_PEFT)
 
 
 def test_an_unsupported_trl_fails_rlguard_check_trl_with_the_range(tmp_path):

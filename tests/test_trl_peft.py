@@ -96,13 +96,39 @@ def test_the_copy_keeps_the_adapter_and_the_reference_is_trls_adapter_off_pass()
     assert not torch.allclose(base, live, atol=1e-4)
     ref_logits = adapter.logits(ref, batch)
     assert torch.allclose(ref_logits, base / trainer.temperature, atol=1e-5)
-    ref_logps = adapter._completion_logps(ref, batch)
+    ref_logps = adapter._completion_logps(ref, batch).detach()
     c = batch.inputs["completion_ids"].shape[1]
     expected = (base[:, -c:].float() / trainer.temperature).log_softmax(-1).gather(
         -1, batch.inputs["completion_ids"][..., None]).squeeze(-1)
     keep = batch.inputs["completion_mask"].bool()  # TRL's log-probs are 0 past the end of a completion
     assert torch.allclose(ref_logps[keep], expected[keep], atol=1e-5)
     assert all(p.requires_grad == (n in names) for n, p in model.named_parameters())  # adapter state restored
+
+
+def test_a_pretrained_adapter_is_checked_against_trls_frozen_ref_adapter():
+    """A ``PeftModel`` with a trained adapter: TRL's reference is its ``"ref"`` copy, not the base model."""
+    trainer = h.make_pretrained_adapter_trainer(beta=0.1, num_iterations=2)
+    assert set(trainer.model.peft_config) == {"default", "ref"}
+    report = preflight(trainer)
+    assert report.passed, table(report)
+    adapter = GRPOAdapter(trainer)
+    model = adapter.build_model()
+    names = adapter.trainable_names(model)
+    assert names and all(".default." in n for n in names)  # the "ref" adapter is not meant to train
+    batch = adapter.make_batch(model, seed=0)
+    ids, mask = adapter.token_ids(batch), adapter._attention(batch)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name in names:
+                p.mul_(1.5)
+        model.set_adapter("ref")
+        ref_on = model(input_ids=ids, attention_mask=mask).logits[:, :-1]
+        model.set_adapter("default")
+    ref_logits = adapter.logits(adapter.make_reference(model), batch)
+    assert torch.allclose(ref_logits, ref_on / trainer.temperature, atol=1e-5)
+    assert not torch.allclose(ref_logits, _logits(model, ids, mask, adapter_on=False)[:, :-1], atol=1e-4)
+    assert model.active_adapters == ["default"]
+    assert all(p.requires_grad == (n in names) for n, p in model.named_parameters())
 
 
 @pytest.mark.parametrize("fault", list(h.peft_fault_classes()))

@@ -269,3 +269,23 @@ def peft_fault_classes():
                                      peft=True),
         "peft_base_unfrozen": Fault(UnfrozenBaseWeight, {}, "frozen_params", TRAINED_PARAMS_DRIFT, peft=True),
     }
+
+
+def make_pretrained_adapter_trainer(**overrides):
+    """A ``GRPOTrainer`` given a ``PeftModel`` whose adapter is already trained (random, non-zero LoRA B): with
+    ``beta != 0`` TRL adds a frozen copy of it, the ``"ref"`` adapter, as the reference."""
+    from peft import get_peft_model
+    from transformers import AutoModelForCausalLM
+    from transformers.trainer_callback import PrinterCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    base = AutoModelForCausalLM.from_pretrained(model_dir())
+    with torch.random.fork_rng():
+        torch.manual_seed(3)
+        model = get_peft_model(base, lora_config(init_lora_weights=False))
+    args = GRPOConfig(output_dir=scratch("out-"), **{**CONFIG, **overrides})
+    trainer = GRPOTrainer(model=model, reward_funcs=reward_good_words, args=args, train_dataset=dataset(),
+                          processing_class=tokenizer())
+    trainer.remove_callback(PrinterCallback)
+    return trainer

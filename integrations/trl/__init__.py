@@ -15,12 +15,13 @@ from rlguard.integrations.trl.callback import TRL_METRICS, RlguardCallback, diag
 from rlguard.integrations.trl.preflight import (  # noqa: E402 - only once the version is known to be supported
     GenerationBatch,
     GRPOAdapter,
+    PeftReference,
     TRLPreflightError,
     adapter_from_factory,
     load_trainer_factory,
     preflight,
 )
 
-__all__ = ["SUPPORTED_TRL", "TRL_VERSION", "UnsupportedTRLError", "GRPOAdapter", "GenerationBatch",
+__all__ = ["SUPPORTED_TRL", "TRL_VERSION", "UnsupportedTRLError", "GRPOAdapter", "GenerationBatch", "PeftReference",
            "TRLPreflightError", "adapter_from_factory", "load_trainer_factory", "preflight", "RlguardCallback",
            "TRL_METRICS", "diagnose_row"]

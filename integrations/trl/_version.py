@@ -10,6 +10,9 @@ import re
 from importlib import metadata
 
 SUPPORTED_TRL = ">=1.16,<1.17"
+# PEFT, for LoRA trainers only (the [trl] extra installs it; a trainer without PEFT never needs it). 0.17 does not
+# import with the transformers TRL 1.16 is tested with (transformers 5 removed HybridCache).
+SUPPORTED_PEFT = ">=0.18,<0.22"
 INSTALL = "pip install 'rlguard[trl]'"
 
 
@@ -35,6 +38,17 @@ def supported(version: str, spec: str = SUPPORTED_TRL) -> bool:
     low, high = _bounds(spec)
     release = _release(version)
     return low <= release < high
+
+
+def unsupported_peft() -> str | None:
+    """Why the installed PEFT cannot run the TRL preflight on a PEFT model (outside ``SUPPORTED_PEFT``), or None."""
+    try:
+        version = metadata.version("peft")
+    except metadata.PackageNotFoundError:  # pragma: no cover - a PEFT model implies PEFT is installed
+        return f"PEFT is not installed ({INSTALL} installs PEFT {SUPPORTED_PEFT})"
+    if supported(version, SUPPORTED_PEFT):
+        return None
+    return f"PEFT {version} (the TRL integration is tested with PEFT {SUPPORTED_PEFT}: {INSTALL})"
 
 
 def require_supported_trl() -> str:

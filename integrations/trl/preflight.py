@@ -30,6 +30,7 @@ replayed on the batch's completions and rewards). The parameters meant to train 
 from __future__ import annotations
 
 import contextlib
+import os
 import copy
 import tempfile
 from collections import defaultdict
@@ -41,6 +42,8 @@ import torch.nn.functional as F
 from accelerate.utils import is_peft_model
 from trl import GRPOTrainer
 from trl.trainer import utils as trl_utils
+
+from rlguard.integrations.trl._version import unsupported_peft
 
 _MISSING = object()
 # Trainer attributes a call may set; restored afterwards.
@@ -200,8 +203,6 @@ class GRPOAdapter:
             self.trainable_names = adapter_parameter_names
 
     def _peft_base_path(self) -> str | None:
-        import os
-
         model = self.trainer.model
         config = model.peft_config[model.active_adapters[0]]
         path = config.base_model_name_or_path
@@ -769,6 +770,8 @@ def unsupported_configuration(trainer) -> None:
         problems.append("tools, environment_factory or rollout_func (multi-turn rollouts are not supported yet)")
     if getattr(t, "_is_vlm", False):
         problems.append("a vision-language model")
+    if is_peft_model(t.model) and unsupported_peft() is not None:
+        problems.append(unsupported_peft())
     if is_peft_model(t.model) and any(getattr(c, "is_prompt_learning", False) for c in t.model.peft_config.values()):
         problems.append("a prompt-learning PEFT method (prefix/prompt tuning: only adapters on the model's layers, "
                         "such as LoRA, are supported)")
