@@ -53,8 +53,12 @@ def _logits(model, ids, mask, adapter_on=True):
 # ---------------------------------------------------------------------------------------------- the preflight
 
 
-def test_healthy_lora_trainer_passes_every_check():
-    report = preflight(h.make_peft_trainer(**FULL))
+@pytest.mark.parametrize("extra", [{}, {"modules_to_save": ["lm_head"]}], ids=["lora", "lora+lm_head_copy"])
+def test_healthy_lora_trainer_passes_every_check(extra):
+    trainer = h.make_peft_trainer(peft=h.lora_config(**extra), **FULL)
+    if extra:  # the trained copy of lm_head is the adapter's too
+        assert "base_model.model.lm_head.modules_to_save.default.weight" in adapter_parameter_names(trainer.model)
+    report = preflight(trainer)
     assert report.passed, table(report)
     assert set(report.skipped) == {"grads_zeroed", "greedy_eval", "reproducible"}  # no factory: no short runs
     checks = _by_name(report)
@@ -159,6 +163,15 @@ def test_preflight_leaves_the_lora_trainer_as_it_was():
     assert checked.ref_model is None and isinstance(checked.model, PeftModel)
 
 
+def test_reload_is_skipped_when_the_base_model_cannot_be_loaded_back():
+    trainer = h.make_peft_trainer()
+    trainer.model.peft_config["default"].base_model_name_or_path = "/nonexistent/base-model"
+    report = preflight(trainer, only=["reload", "frozen_params"])
+    checks = _by_name(report)
+    assert checks["reload"].skipped and "base_model_name_or_path" in checks["reload"].hint
+    assert checks["frozen_params"].passed and not checks["frozen_params"].skipped
+
+
 def test_prompt_learning_peft_is_refused():
     from peft import PromptTuningConfig
 
@@ -196,6 +209,7 @@ def test_healthy_lora_run_is_bit_identical_with_the_callback_and_quiet():
 @pytest.mark.parametrize("fault, error, code", [
     ("peft_base_unfrozen", ContractViolation, TRAINED_PARAMS_DRIFT),  # the guard, before the first step
     ("peft_ref_is_policy", ContractViolation, REFERENCE_ALIAS),       # the guard: the reference is the policy
+    ("peft_ref_is_base_model", ContractViolation, REFERENCE_ALIAS),   # the guard: PEFT's base model, adapter in it
     ("peft_ref_adapter_on", SymptomError, REFERENCE_ALIAS),           # the monitor: TRL's kl stays exactly 0
 ])
 def test_peft_faults_stop_training_with_their_codes(fault, error, code):

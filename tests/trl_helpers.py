@@ -262,7 +262,17 @@ def peft_fault_classes():
             super().__init__(*args, **kwargs)
             self.ref_model = self.model  # noqa: RLG008 - the fault, seeded on purpose
 
+    class PeftReferenceIsBaseModel(GRPOTrainer):
+        """RLG008: ``ref_model = model.get_base_model()``: LoRA is injected in place, so the "base" still runs
+        the adapter (the reference is computed with the adapter on)."""
+
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.ref_model = self.model.get_base_model()  # noqa: RLG008 - the fault, seeded on purpose
+
     return {
+        "peft_ref_is_base_model": Fault(PeftReferenceIsBaseModel, {"beta": 0.1}, "kl_positive", REFERENCE_ALIAS,
+                                        peft=True),
         "peft_ref_is_policy": Fault(PeftReferenceIsPolicy, {"beta": 0.1}, "kl_positive", REFERENCE_ALIAS,
                                     peft=True),
         "peft_ref_adapter_on": Fault(ReferenceAdapterOn, {"beta": 0.1}, "kl_positive", REFERENCE_ALIAS,
