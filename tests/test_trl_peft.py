@@ -155,6 +155,7 @@ def test_seeded_peft_fault_fails_its_check_with_its_code(fault):
 def test_preflight_leaves_the_lora_trainer_as_it_was():
     checked = h.make_peft_trainer(**FULL)
     preflight(checked)
+    assert not checked._logs["prompt"] and not checked._logs["advantages"]  # no preflight row in its table
     checked.train()
     plain = h.make_peft_trainer(**FULL)
     plain.train()

@@ -48,7 +48,7 @@ from rlguard.integrations.trl._version import unsupported_peft
 _MISSING = object()
 # Trainer attributes a call may set; restored afterwards.
 _BOUND = ("model", "model_wrapped", "ref_model", "optimizer", "_step", "_buffered_inputs", "_metrics",
-          "current_gradient_accumulation_steps", "beta", "_entropy_bonus_enabled")
+          "current_gradient_accumulation_steps", "beta", "_entropy_bonus_enabled", "_logs")
 
 
 class TRLPreflightError(ValueError):
@@ -560,6 +560,8 @@ class GRPOAdapter:
         if ref_model is not _MISSING:  # TRL's PEFT reference is no model: ref_model stays None
             t.ref_model = None if isinstance(ref_model, PeftReference) else ref_model
         t._metrics = {"train": defaultdict(list), "eval": defaultdict(list)}  # the preflight logs nothing
+        if "_logs" in t.__dict__:  # nor adds its completions to the trainer's completions table
+            t._logs = copy.deepcopy(t.__dict__["_logs"])
         native_amp = t.accelerator.native_amp
         if not self.autocast:
             t.accelerator.native_amp = False  # accelerator.autocast() is then a no-op: float32
