@@ -173,6 +173,17 @@ def test_reload_is_skipped_when_the_base_model_cannot_be_loaded_back():
     assert checks["frozen_params"].passed and not checks["frozen_params"].skipped
 
 
+def test_a_peft_outside_the_tested_range_is_refused_for_a_peft_trainer(monkeypatch):
+    from rlguard.integrations.trl import _version
+
+    peft_trainer, plain_trainer = h.make_peft_trainer(), h.make_trainer()
+    real = _version.metadata.version
+    monkeypatch.setattr(_version.metadata, "version", lambda name: "0.16.0" if name == "peft" else real(name))
+    with pytest.raises(TRLPreflightError, match=r"PEFT 0.16.0 \(the TRL integration is tested with PEFT >=0.18"):
+        GRPOAdapter(peft_trainer)
+    GRPOAdapter(plain_trainer)  # a trainer without PEFT does not care
+
+
 def test_prompt_learning_peft_is_refused():
     from peft import PromptTuningConfig
 
