@@ -9,14 +9,18 @@ import libcst as cst
 
 from rlguard.lint.analysis import Analysis, dotted_name
 from rlguard.lint.analysis import semantics as S
-from rlguard.lint.analysis.alignment import (OWNER_NAME, ROOT_IDS, ROOT_LOGITS, ROOT_TOKEN, ROOT_UNKNOWN, Align,
+from rlguard.lint.analysis.alignment import (ATTENTION_NAME, OWNER_NAME, ROOT_IDS, ROOT_LOGITS, ROOT_TOKEN, ROOT_UNKNOWN, Align,
                                              alignment, gather_site, token_values)
 from rlguard.lint.analysis.grad import call_sites
 from rlguard.lint.analysis.index import key_of, children
+from rlguard.lint.analysis.records import records_by_function
 from rlguard.lint.analysis.roles import names_along
 from rlguard.lint.analysis.values import Frame
 from rlguard.lint.rule import Invalid, Rule, Valid, Violation
 
+# Entries of a record (C3): the labels a loss scores, and a per-token loss mask stored beside them.
+LABEL_ENTRY = re.compile(r"(?i)(shift(ed)?_|rolled_|next_)?(labels?|targets?|target_ids|target_tokens|next_tokens)")
+LOSS_MASK_ENTRY = re.compile(r"(?i)\w*(loss|action|completion|response|resp|policy|generation|gen)_?masks?")
 PRODUCER_NAME = re.compile(r"(?i)(action|loss|response|resp|completion|policy|token|act)_?masks?")
 
 
@@ -164,6 +168,7 @@ class MaskNotShifted(Rule):
             yield Violation(stmt, f"this action mask is [B, T-1] but aligned to ids[:, {_window(m)}], not to "
                                   "ids[:, 1:] like the log-probs; build it from ids[:, 1:] "
                                   "(e.g. owner[:, 1:] == POLICY, attention_mask[:, 1:])")
+        yield from _record_mismatches(ctx, producers)
         reported: set[int] = set()
         deferred: dict[int, list] = {}
         statements = {id(n): n for n in ctx.nodes(cst.Assign, cst.AnnAssign, cst.AugAssign)}
@@ -321,3 +326,37 @@ def _judge(ctx: Analysis, values, mask, frame: Frame | None, producers: set[int]
     return (f"the mask is {abs(k)} position{'s' if abs(k) != 1 else ''} {'left' if k < 0 else 'right'} of the "
             "per-token values it selects (log-probs of ids[:, 1:] sit at logits[:, :-1]'s positions); "
             "align the mask to ids[:, 1:] (e.g. attention_mask[:, 1:], owner[:, 1:] == POLICY)")
+
+
+def _record_mismatches(ctx: Analysis, producers: set[int]) -> Iterator[Violation]:
+    """A record (C3) that stores token labels moved off the ids (``torch.roll(ids, -1)``, ``ids[:, 1:]``) and a
+    loss mask traced to ids positions: the loss downstream scores ``labels[:, t]`` (the per-token log-probs sit
+    where the labels are) and selects with the mask, so the mask must sit where the labels do."""
+    seq = alignment(ctx, "seq")
+    for entries in records_by_function(ctx).values():
+        labels = [e for e in entries if LABEL_ENTRY.fullmatch(e.entry)]
+        masks = [e for e in entries if LOSS_MASK_ENTRY.fullmatch(e.entry) and not ATTENTION_NAME.fullmatch(e.entry)]
+        if not labels or not masks:
+            continue
+        starts = set()
+        for e in labels:
+            al = seq.value(e.value)
+            if al is None or al.kind != ROOT_IDS or not al.moved or not al.s.is_const() or \
+                    ATTENTION_NAME.fullmatch(al.name) or OWNER_NAME.fullmatch(al.name):
+                continue
+            starts.add(al.s.const)
+        if len(starts) != 1 or 0 in starts:
+            continue
+        start = starts.pop()
+        for e in masks:
+            m = seq.value(e.value)
+            if m is None or m.kind != ROOT_IDS or not m.s.is_const() or m.s.const == start:
+                continue
+            if any(v in producers for v in m.via):
+                continue
+            k = m.s.const - start
+            yield Violation(e.node, f"this loss mask is stored with labels that are ids[:, {start}:]-aligned (the "
+                                    f"per-token log-probs scored against them sit there) but the mask is "
+                                    f"{abs(k)} position{'s' if abs(k) != 1 else ''} {'left' if k < 0 else 'right'} "
+                                    "of them, at ids positions; move it with the labels (e.g. roll or slice it "
+                                    "the same way)")

@@ -60,7 +60,7 @@ class LogitsLabelShift(Rule):
     """
 
     code = "RLG012"
-    triggers = (r"logits", r"\.gather\(|cross_entropy|nll_loss|\.log_prob\(|take_along_dim|CrossEntropyLoss|NLLLoss"
+    triggers = (r"logits", r"\.gather\(|cross_entropy|nll_loss|\.log_prob\(|take_along_dim|CrossEntropyLoss|NLLLoss|get_at\("
                 r"|log_?probs?_(?:from|of)_|selective_log_softmax|logps?_from")
 
     VALID = [
@@ -163,7 +163,7 @@ def _judge(ctx: Analysis, site: GatherSite, frame: Frame | None) -> str | None:
         return None
     same_sequence = logits.model and logits.root == labels.root
     both_moved = logits.moved and labels.moved
-    if not (same_sequence or both_moved):
+    if not (same_sequence or both_moved or (frame is None and _shifts_its_labels(ctx, site, logits, labels))):
         return None
     diff = labels.s - logits.s
     if not diff.is_const():
@@ -178,3 +178,18 @@ def _judge(ctx: Analysis, site: GatherSite, frame: Frame | None) -> str | None:
     else:
         what = f"the labels are {k:+d} positions from the logits' own positions (the next token is +1)"
     return f"{what}; logits[:, t] predicts ids[:, t+1]: gather logits[:, :-1] against ids[:, 1:]"
+
+
+def _shifts_its_labels(ctx: Analysis, site: GatherSite, logits, labels) -> bool:
+    """A helper that takes logits and labels as parameters and moves the labels itself, keeping their width (a
+    roll, a pad, a cut joined with a constant piece), with the logits as they came: it treats both parameters as
+    one sequence's positions, so the labels it builds must be the next tokens (+1)."""
+    func = ctx.enclosing_function(site.node)
+    if func is None or logits.moved or not labels.moved or logits.model:
+        return False
+    width = labels.e - labels.s
+    if not width.is_const() or width.const != 0:
+        return False
+    params = {p.name.value for p in (*func.params.posonly_params, *func.params.params, *func.params.kwonly_params)}
+    return logits.name in params and labels.name in params and logits.root.split("@")[1:] == \
+        labels.root.split("@")[1:]
