@@ -797,6 +797,15 @@ class TokenFacet(Facet):
             return frozenset({(logits.shift(ONE, ONE), True)})
         return EMPTY
 
+    def _scalar_head(self, expr, frame) -> frozenset:
+        """C8, value heads: a model call's output sliced on time like logits and squeezed to one number per
+        position (``vhead(seq).logits[:, -R - 1:-1].squeeze(-1)``) is a per-token prediction, paired with the next
+        token like log-probs (the catalog's convention); whatever its name."""
+        head = self._logits().value(expr, frame)
+        if head is not None and head.model and head.moved:
+            return frozenset({(head.shift(ONE, ONE), True)})
+        return EMPTY
+
     def _call(self, trace, call, frame) -> frozenset:
         a = self.a
         site = gather_site(a, call)
@@ -828,7 +837,10 @@ class TokenFacet(Facet):
             if method in ELEMENTWISE_METHODS:
                 if method == "squeeze" and call.args and S.int_value(call.args[0].value) != -1:
                     return EMPTY
-                return trace.value(S.receiver(call), frame)
+                inner = trace.value(S.receiver(call), frame)
+                if not inner and method == "squeeze":
+                    return self._scalar_head(S.receiver(call), frame)
+                return inner
             return EMPTY
         return EMPTY
 

@@ -28,7 +28,11 @@ class LogitsLabelShift(Rule):
     call's arguments). It reports only when the offset between logits and labels is a known constant other
     than one, and either both come visibly from the same sequence (`model(ids)` and `ids`) or both are visibly
     sliced. An unshifted helper such as `def logprobs(logits, labels): ...gather(-1, labels...)` is correct
-    on its own (the caller shifts) and is checked at its call sites instead.
+    on its own (the caller shifts) and is checked at its call sites instead, unless it moves its labels
+    parameter itself while keeping its width (a roll, a pad, a cut joined with a constant piece, as packed
+    rank-1 helpers do): then it treats logits and labels as one sequence's positions and the labels it builds
+    must be the next tokens. `einx.get_at("b n [v], b n -> b n", logp, ids)` is a gather like
+    `logp.gather(-1, ids[..., None])`.
 
     ## Why it is wrong
     A causal LM's `logits[:, t]` is the distribution of token `t + 1`. Gathering it at token `t` scores each
@@ -60,8 +64,8 @@ class LogitsLabelShift(Rule):
     """
 
     code = "RLG012"
-    triggers = (r"logits", r"\.gather\(|cross_entropy|nll_loss|\.log_prob\(|take_along_dim|CrossEntropyLoss|NLLLoss|get_at\("
-                r"|log_?probs?_(?:from|of)_|selective_log_softmax|logps?_from")
+    triggers = (r"logits", r"\.gather\(|cross_entropy|nll_loss|\.log_prob\(|take_along_dim|CrossEntropyLoss|NLLLoss"
+                r"|get_at\(|log_?probs?_(?:from|of)_|selective_log_softmax|logps?_from")
 
     VALID = [
         Valid("logits = model(ids).logits\n"
@@ -74,11 +78,11 @@ class LogitsLabelShift(Rule):
               "an unshifted helper: the caller shifts"),
         Valid("output = self.model(sequences, attention_mask=attention_mask)\n"
               "log_probs = log_probs_from_logits(output['logits'][:, :-1, :], sequences[:, 1:])\n",
-              "OpenRLHF style"),
+              "OpenRLHF style", capability="C8", style="class"),
         Valid("output = model(query_responses)\nlogits = output.logits[:, context_length - 1 : -1]\n"
               "logits /= temperature + 1e-7\n"
               "logprob = selective_log_softmax(logits, query_responses[:, context_length:])\n",
-              "TRL style window: ctx_len - 1 .. -1 against ctx_len .."),
+              "TRL style window: ctx_len - 1 .. -1 against ctx_len ..", capability="C8", style="framework"),
         Valid("logits = model(input_ids=input_ids).logits.squeeze(0)\n"
               "labels = torch.roll(input_ids, shifts=-1, dims=1).squeeze(0)\n"
               "log_probs = logprobs_from_logits(logits=logits, labels=labels)\n",
@@ -94,7 +98,25 @@ class LogitsLabelShift(Rule):
         Valid("def token_log_probs(logits, ids):\n    lp = logits[:, :-1].log_softmax(-1)\n"
               "    return lp.gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1)\n"
               "def loss_fn(model, ids):\n    return token_log_probs(model(ids), ids)\n",
-              "helper that shifts, called with the model output"),
+              "helper that shifts, called with the model output", capability="C4", style="functional"),
+        Valid("def forward_batch(model, batch):\n    batch['logits'] = model(batch['input_ids']).logits\n"
+              "    lp = batch['logits'][:, :-1].log_softmax(-1)\n"
+              "    return lp.gather(-1, batch['input_ids'][:, 1:].unsqueeze(-1)).squeeze(-1)\n",
+              why="logits under a batch key, the shift applied on both sides", capability="C3", style="framework"),
+        Valid("class Scorer:\n    def run(self, ids):\n        self.cache = {'logits': self.lm(ids).logits}\n"
+              "        return self.score(ids)\n    def score(self, ids):\n"
+              "        lsm = self.cache['logits'][:, :-1].log_softmax(-1)\n"
+              "        return lsm.gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1)\n",
+              why="logits kept on the trainer and gathered against the next tokens", capability="C3", style="class"),
+        Valid("def score(logits, labels):\n"
+              "    return logits.log_softmax(-1).gather(-1, labels[..., None]).squeeze(-1)\n"
+              "def ref_logps(ref, batch):\n    out = ref(batch['input_ids'])\n"
+              "    return score(out.logits[:, :-1], batch['input_ids'][:, 1:])\n",
+              why="the unshifted helper is fed the shifted pair", capability="C4", style="framework"),
+        Valid("class Rollout:\n    def logprobs(self, query_responses, context_length):\n"
+              "        logits = self.policy(query_responses).logits[:, context_length - 1:-1]\n"
+              "        return selective_log_softmax(logits, query_responses[:, context_length:])\n",
+              why="the context window shifted by one between logits and tokens", capability="C8", style="class"),
     ]
     INVALID = [
         Invalid("logits = model(ids).logits\n"
@@ -116,14 +138,38 @@ class LogitsLabelShift(Rule):
         Invalid("def token_log_probs(logits, ids):\n    lp = logits.log_softmax(-1)\n"
                 "    return lp.gather(-1, ids.unsqueeze(-1)).squeeze(-1)\n"
                 "def loss_fn(model, ids):\n    return token_log_probs(model(ids), ids)\n",
-                line=5, why="helper without a shift, fed the model output and its input"),
+                line=5, why="helper without a shift, fed the model output and its input",
+                capability="C4", style="functional"),
         Invalid("class Trainer:\n    def logp(self, ids):\n        self.logits = self.actor(ids).logits\n"
                 "        lsm = torch.log_softmax(self.logits[:, 1:], -1)\n"
                 "        return lsm.gather(-1, ids[:, 1:].unsqueeze(-1))\n", line=5,
-                why="through a self attribute"),
+                why="through a self attribute", capability="C3", style="class"),
         Invalid("loss_fct = nn.CrossEntropyLoss()\nlogits = model(input_ids)[0]\n"
                 "loss = loss_fct(logits[:, :-1].flatten(0, 1), input_ids[:, :-1].flatten())\n", line=3,
                 why="loss object, both drop the last position"),
+        Invalid("def forward_batch(model, batch):\n    batch['logits'] = model(batch['input_ids']).logits\n"
+                "    lp = batch['logits'].log_softmax(-1)\n"
+                "    return lp.gather(-1, batch['input_ids'].unsqueeze(-1)).squeeze(-1)\n", line=4,
+                why="logits stored under a batch key and gathered against the same batch's ids",
+                capability="C3", style="framework"),
+        Invalid("out = {'logits': net(tokens).logits, 'n': tokens.size(1)}\n"
+                "lp = torch.gather(out['logits'].log_softmax(-1), 2, tokens[:, :, None]).squeeze(2)\n", line=2,
+                why="logits through a dict literal, gathered at the input tokens", capability="C3", style="script"),
+        Invalid("def score(logits, labels):\n"
+                "    return logits.log_softmax(-1).gather(-1, labels[..., None]).squeeze(-1)\n"
+                "def ref_logps(ref, batch):\n    out = ref(batch['input_ids'])\n"
+                "    return score(out.logits, batch['input_ids'])\n", line=5,
+                why="an unshifted scoring helper fed a model's logits and the model's own input",
+                capability="C4", style="framework"),
+        Invalid("def response_logps(model, data):\n    R = data['responses'].size(1)\n    seq = data['input_ids']\n"
+                "    logits = model(input_ids=seq).logits[:, -R:]\n"
+                "    return logprobs_from_logits(logits, seq[:, -R:])\n", line=5,
+                why="logits over the response window gathered against the same window of the sequence",
+                capability="C8", style="framework"),
+        Invalid("class Rollout:\n    def logprobs(self, query_responses, context_length):\n"
+                "        logits = self.policy(query_responses).logits[:, context_length:]\n"
+                "        return selective_log_softmax(logits, query_responses[:, context_length:])\n", line=4,
+                why="a context window cut the same way on logits and tokens", capability="C8", style="class"),
     ]
 
     def check(self, ctx: Analysis) -> Iterator[Violation]:
