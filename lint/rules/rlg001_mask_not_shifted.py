@@ -283,6 +283,11 @@ class MaskNotShifted(Rule):
                 "    return masked_mean(-adv * ratio, response_mask)\n", line=6,
                 why="response log-probs from logits[:, -R-1:-1] masked with the window one step early",
                 capability="C8", style="framework"),
+        Invalid("def encode(batch):\n    labels = batch['labels']\n"
+                "    batch['labels'] = F.pad(labels[:, 1:], (0, 1), value=-100)\n"
+                "    batch['completion_mask'] = (labels != -100).float()\n    return batch\n", line=4,
+                why="a completion mask from the unshifted labels stored beside the shifted ones",
+                capability="C3", style="framework"),
     ]
 
     def check(self, ctx: Analysis) -> Iterator[Violation]:

@@ -117,6 +117,19 @@ class LogitsLabelShift(Rule):
               "        logits = self.policy(query_responses).logits[:, context_length - 1:-1]\n"
               "        return selective_log_softmax(logits, query_responses[:, context_length:])\n",
               why="the context window shifted by one between logits and tokens", capability="C8", style="class"),
+        Valid("from einx import get_at\nclass StepScorer(nn.Module):\n    def forward(self, tokens):\n"
+              "        src, tgt = tokens[:, :-1], tokens[:, 1:]\n        logits = self.lm(src)\n"
+              "        return get_at('b t [v], b t -> b t', logits.log_softmax(dim=-1), tgt)\n",
+              why="einx.get_at over logits of all but the last token, at the next tokens",
+              capability="C12", style="class"),
+        Valid("def packed_token_logp(logits, seqlens, labels):\n"
+              "    labels = torch.cat([labels[1:], labels.new_zeros(1)])\n"
+              "    logp = torch.log_softmax(logits, dim=-1)\n"
+              "    return logp.gather(-1, labels[:, None]).squeeze(-1)\n",
+              why="a packed helper shifts the labels one left and pads the end", capability="C7", style="functional"),
+        Valid("def lp_of(logits, labels):\n    labels = labels.long()\n"
+              "    return logits.log_softmax(-1).gather(-1, labels.unsqueeze(-1)).squeeze(-1)\n",
+              why="a helper that leaves its labels alone: the caller shifts", capability="C7", style="script"),
     ]
     INVALID = [
         Invalid("logits = model(ids).logits\n"
@@ -170,6 +183,20 @@ class LogitsLabelShift(Rule):
                 "        logits = self.policy(query_responses).logits[:, context_length:]\n"
                 "        return selective_log_softmax(logits, query_responses[:, context_length:])\n", line=4,
                 why="a context window cut the same way on logits and tokens", capability="C8", style="class"),
+        Invalid("from einx import get_at\nclass StepScorer(nn.Module):\n    def forward(self, tokens):\n"
+                "        logits = self.lm(tokens)\n"
+                "        return get_at('b t [v], b t -> b t', logits.log_softmax(dim=-1), tokens)\n", line=5,
+                why="einx.get_at gathers the last axis: here at the input tokens themselves",
+                capability="C12", style="class"),
+        Invalid("def packed_token_logp(logits, seqlens, labels):\n"
+                "    labels = torch.cat([labels[:-1], labels.new_zeros(1)])\n"
+                "    logp = torch.log_softmax(logits, dim=-1)\n"
+                "    return logp.gather(-1, labels[:, None]).squeeze(-1)\n", line=4,
+                why="a packed helper drops the last label and pads it back: the labels did not move",
+                capability="C7", style="functional"),
+        Invalid("def lp_of(logits, labels):\n    labels = torch.roll(labels, shifts=1, dims=-1)\n"
+                "    return logits.log_softmax(-1).gather(-1, labels.unsqueeze(-1)).squeeze(-1)\n", line=3,
+                why="a helper rolls its labels the wrong way", capability="C7", style="script"),
     ]
 
     def check(self, ctx: Analysis) -> Iterator[Violation]:
