@@ -673,8 +673,8 @@ def fmt(x: Lin) -> str:
 
 
 __all__ = ["Align", "GatherSite", "Lin", "ONE", "ROOT_IDS", "ROOT_LOGITS", "ROOT_TOKEN", "ROOT_UNKNOWN", "T", "ZERO",
-           "alignment", "apply_slice", "classify_root", "gather_site", "gather_sites", "lin", "time_element",
-           "trace_alignment"]
+           "alignment", "apply_slice", "classify_root", "gather_site", "gather_sites", "lin", "response_columns",
+           "time_element", "trace_alignment"]
 
 
 # ----- where the per-token values inside an expression are stored ---------------------------------------------------
@@ -847,3 +847,43 @@ class TokenFacet(Facet):
 
 def token_values(a: "Analysis") -> Trace:
     return a.facet("alignment:tokens", lambda an: Trace(an, TokenFacet(an), budget=60000))
+
+
+# ----- framework conventions: response columns (C8) -------------------------------------------------------------
+def _width_of(a: "Analysis", expr: cst.BaseExpression | None, key: str) -> bool:
+    """``x.size(1)``, ``x.size(-1)``, ``x.shape[1]``, ``x.shape[-1]`` of the tensor read as ``key``."""
+    if isinstance(expr, cst.Call) and a.method(expr) == "size" and len(expr.args) == 1 and _int_is(
+            expr.args[0].value, (1, -1)):
+        return key_of(S.receiver(expr)) == key
+    if isinstance(expr, cst.Subscript) and len(expr.slice) == 1 and isinstance(expr.slice[0].slice, cst.Index) \
+            and _int_is(expr.slice[0].slice.value, (1, -1)) and isinstance(expr.value, cst.Attribute) \
+            and expr.value.attr.value == "shape":
+        return key_of(expr.value.value) == key
+    return False
+
+
+def response_columns(a: "Analysis", labels: cst.BaseExpression, logits: Align, at: cst.CSTNode) -> Align | None:
+    """C8, rollout batches (verl and the like): the response tensor is the last ``R`` columns of the sequence the
+    model reads, ``R`` its width. When logits of a model call in view are sliced with a bound that is the width of
+    the very tensor they are gathered against (``R = responses.size(1)``, ``logits[:, -R - 1:-1]`` against
+    ``responses``), that tensor sits at ids positions ``T - R .. T - 1`` of the model's input: the alignment
+    returned here. None when no bound of the logits is that width (nothing is assumed)."""
+    key = key_of(labels)
+    if key is None or not logits.model or not logits.moved:
+        return None
+    for sym, _ in (*logits.s.terms, *logits.e.terms):
+        if sym == T_SYMBOL:
+            continue
+        width = False
+        if re.fullmatch(r"[A-Za-z_]\w*", sym):
+            defs = a.flow.reaching(sym, at)
+            width = bool(defs) and all(d.kind == "assign" and d.element is None and _width_of(a, d.value, key)
+                                       for d in defs)
+        else:
+            try:
+                width = _width_of(a, cst.parse_expression(sym), key)
+            except cst.ParserSyntaxError:
+                width = False
+        if width:
+            return replace(logits, s=T - Lin.sym(sym), e=ZERO, kind=ROOT_IDS, model=False, name=key.rsplit(".", 1)[-1])
+    return None

@@ -7,7 +7,8 @@ from typing import Iterator
 import libcst as cst
 
 from rlguard.lint.analysis import Analysis
-from rlguard.lint.analysis.alignment import ROOT_IDS, ROOT_LOGITS, GatherSite, alignment, gather_sites
+from rlguard.lint.analysis.alignment import (ROOT_IDS, ROOT_LOGITS, GatherSite, alignment, gather_sites,
+                                             response_columns)
 from rlguard.lint.analysis.grad import call_sites
 from rlguard.lint.analysis.values import Frame
 from rlguard.lint.rule import Invalid, Rule, Valid, Violation
@@ -32,7 +33,10 @@ class LogitsLabelShift(Rule):
     parameter itself while keeping its width (a roll, a pad, a cut joined with a constant piece, as packed
     rank-1 helpers do): then it treats logits and labels as one sequence's positions and the labels it builds
     must be the next tokens. `einx.get_at("b n [v], b n -> b n", logp, ids)` is a gather like
-    `logp.gather(-1, ids[..., None])`.
+    `logp.gather(-1, ids[..., None])`. Rollout batches follow the response convention: when the logits of a
+    model call are cut with the width of the tensor they are gathered against (`R = responses.size(-1)`,
+    `logits[:, -R:]` against `responses`), that tensor is taken as the last `R` columns of the model's input, so
+    `[:, -R - 1:-1]` is the shift and `[:, -R:]` is not.
 
     ## Why it is wrong
     A causal LM's `logits[:, t]` is the distribution of token `t + 1`. Gathering it at token `t` scores each
@@ -130,6 +134,16 @@ class LogitsLabelShift(Rule):
         Valid("def lp_of(logits, labels):\n    labels = labels.long()\n"
               "    return logits.log_softmax(-1).gather(-1, labels.unsqueeze(-1)).squeeze(-1)\n",
               why="a helper that leaves its labels alone: the caller shifts", capability="C7", style="script"),
+        Valid("def old_logp(actor, mb, temperature):\n    resp = mb['responses']\n    resp_len = resp.size(-1)\n"
+              "    out = actor(input_ids=mb['input_ids'], attention_mask=mb['attention_mask'])\n"
+              "    logits = out.logits / temperature\n    logits = logits[:, -resp_len - 1:-1, :]\n"
+              "    return logprobs_from_logits(logits, resp)\n",
+              why="responses are the last R columns of the input: logits[:, -R-1:-1] predict them",
+              capability="C8", style="framework"),
+        Valid("P = b['prompts'].shape[1]\nlg = policy(b['input_ids']).logits[:, P - 1:-1]\n"
+              "lp = selective_log_softmax(lg, b['responses'])\n",
+              why="the window is the prompt's width, not the labels': no convention applies, nothing is assumed",
+              capability="C8", style="script"),
     ]
     INVALID = [
         Invalid("logits = model(ids).logits\n"
@@ -197,6 +211,15 @@ class LogitsLabelShift(Rule):
         Invalid("def lp_of(logits, labels):\n    labels = torch.roll(labels, shifts=1, dims=-1)\n"
                 "    return logits.log_softmax(-1).gather(-1, labels.unsqueeze(-1)).squeeze(-1)\n", line=3,
                 why="a helper rolls its labels the wrong way", capability="C7", style="script"),
+        Invalid("def old_logp(actor, mb, temperature):\n    resp = mb['responses']\n    resp_len = resp.size(-1)\n"
+                "    out = actor(input_ids=mb['input_ids'], attention_mask=mb['attention_mask'])\n"
+                "    logits = out.logits / temperature\n    logits = logits[:, -resp_len:, :]\n"
+                "    return logprobs_from_logits(logits, resp)\n", line=7,
+                why="responses are the last R columns of the input: logits[:, -R:] scores each token at its own slot",
+                capability="C8", style="framework"),
+        Invalid("lg = policy(b['input_ids']).logits[:, -b['responses'].shape[1]:]\n"
+                "lp = selective_log_softmax(lg, b['responses'])\n", line=2,
+                why="the response width read inline: the same unshifted window", capability="C8", style="script"),
     ]
 
     def check(self, ctx: Analysis) -> Iterator[Violation]:
@@ -232,6 +255,8 @@ def _judge(ctx: Analysis, site: GatherSite, frame: Frame | None) -> str | None:
     if logits is None or not (logits.model or logits.kind == ROOT_LOGITS):
         return None
     labels = alignment(ctx, "seq").value(site.labels, frame)
+    if frame is None and (labels is None or not labels.moved and labels.root != logits.root):
+        labels = response_columns(ctx, site.labels, logits, site.node) or labels  # C8: responses, last R columns
     if labels is None or labels.kind != ROOT_IDS:
         return None
     same_sequence = logits.model and logits.root == labels.root
