@@ -187,6 +187,17 @@ class MaskNotShifted(Rule):
               "        return (((v - returns) ** 2) * m).sum() / m.sum()\n",
               why="critic predictions sliced like logits with the mask of the next tokens",
               capability="C8", style="class"),
+        Valid("class Worker:\n    def prepare(self, attention_mask):\n"
+              "        self.store = {'keep': attention_mask[:, 1:], 'n': attention_mask.size(0)}\n"
+              "    def loss(self, ids, adv):\n"
+              "        lp = self.actor(ids).logits[:, :-1].log_softmax(-1).gather(-1, ids[:, 1:, None]).squeeze(-1)\n"
+              "        return masked_mean(-lp * adv, self.store.get('keep'))\n",
+              why="the mask read back with .get() is aligned to ids[:, 1:]", capability="C3", style="class"),
+        Valid("def step(model, input_ids, batch, adv):\n    logits = model(input_ids).logits[:, :-1]\n"
+              "    lp = logits.log_softmax(-1).gather(-1, input_ids[:, 1:, None]).squeeze(-1)\n"
+              "    m = batch.get('resp_mask', torch.ones_like(lp))\n    return -(lp * adv * m).sum() / m.sum()\n",
+              why="a mask read with .get() and a default: unknown when the key may be absent",
+              capability="C3", style="framework"),
     ]
     # Pinned lines are where the mask is moved (the roll, pad or window to fix) when that is in view.
     INVALID = [
@@ -287,6 +298,20 @@ class MaskNotShifted(Rule):
                 "    batch['labels'] = F.pad(labels[:, 1:], (0, 1), value=-100)\n"
                 "    batch['completion_mask'] = (labels != -100).float()\n    return batch\n", line=4,
                 why="a completion mask from the unshifted labels stored beside the shifted ones",
+                capability="C3", style="framework"),
+        Invalid("class Worker:\n    def prepare(self, attention_mask):\n"
+                "        self.store = {'keep': attention_mask[:, :-1], 'n': attention_mask.size(0)}\n"
+                "    def loss(self, ids, adv):\n"
+                "        lp = self.actor(ids).logits[:, :-1].log_softmax(-1).gather(-1, ids[:, 1:, None]).squeeze(-1)\n"
+                "        return masked_mean(-lp * adv, self.store.get('keep'))\n", line=3,
+                why="a mask stored under a key and read back with .get() in another method",
+                capability="C3", style="class"),
+        Invalid("def step(model, input_ids, attention_mask, adv):\n"
+                "    batch = {'resp_mask': attention_mask[:, :-1], 'input_ids': input_ids}\n"
+                "    logits = model(batch['input_ids']).logits[:, :-1]\n"
+                "    lp = logits.log_softmax(-1).gather(-1, batch['input_ids'][:, 1:, None]).squeeze(-1)\n"
+                "    m = batch.pop('resp_mask')\n    return -(lp * adv * m).sum() / m.sum()\n", line=2,
+                why="a mask popped from the batch dict that built it one step left",
                 capability="C3", style="framework"),
     ]
 
