@@ -198,6 +198,12 @@ class MaskNotShifted(Rule):
               "    m = batch.get('resp_mask', torch.ones_like(lp))\n    return -(lp * adv * m).sum() / m.sum()\n",
               why="a mask read with .get() and a default: unknown when the key may be absent",
               capability="C3", style="framework"),
+        Valid("def pg_loss(model, batch, adv):\n    ids, am = batch['input_ids'], batch['attention_mask']\n"
+              "    logp = logprobs_from_logits(model(ids).logits, torch.roll(ids, shifts=-1, dims=1))\n"
+              "    keep = torch.cat([am[:, 1:], am.new_zeros(am.size(0), 1)], dim=1)\n"
+              "    return -(logp * adv * keep).sum() / keep.sum()\n",
+              why="the mask shifted left and joined with a zero column, like the rolled labels",
+              capability="C7", style="framework"),
     ]
     # Pinned lines are where the mask is moved (the roll, pad or window to fix) when that is in view.
     INVALID = [
@@ -313,6 +319,12 @@ class MaskNotShifted(Rule):
                 "    m = batch.pop('resp_mask')\n    return -(lp * adv * m).sum() / m.sum()\n", line=2,
                 why="a mask popped from the batch dict that built it one step left",
                 capability="C3", style="framework"),
+        Invalid("def pg_loss(model, batch, adv):\n    ids, am = batch['input_ids'], batch['attention_mask']\n"
+                "    logp = logprobs_from_logits(model(ids).logits, torch.roll(ids, shifts=-1, dims=1))\n"
+                "    keep = torch.cat([am[:, :-1], am.new_zeros(am.size(0), 1)], dim=1)\n"
+                "    return -(logp * adv * keep).sum() / keep.sum()\n", line=4,
+                why="the mask cut at the end and joined with a zero column: same width, not shifted",
+                capability="C7", style="framework"),
     ]
 
     def check(self, ctx: Analysis) -> Iterator[Violation]:
