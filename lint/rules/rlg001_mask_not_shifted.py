@@ -9,8 +9,8 @@ import libcst as cst
 
 from rlguard.lint.analysis import Analysis, dotted_name
 from rlguard.lint.analysis import semantics as S
-from rlguard.lint.analysis.alignment import (ATTENTION_NAME, OWNER_NAME, ROOT_IDS, ROOT_LOGITS, ROOT_TOKEN,
-                                             ROOT_UNKNOWN, Align,
+from rlguard.lint.analysis.alignment import (ATTENTION_NAME, LIKE_FUNCTIONS, OWNER_NAME, ROOT_IDS, ROOT_LOGITS,
+                                             ROOT_TOKEN, ROOT_UNKNOWN, Align,
                                              alignment, gather_site, token_values)
 from rlguard.lint.analysis.grad import call_sites
 from rlguard.lint.analysis.index import key_of, children
@@ -204,6 +204,11 @@ class MaskNotShifted(Rule):
               "    return -(logp * adv * keep).sum() / keep.sum()\n",
               why="the mask shifted left and joined with a zero column, like the rolled labels",
               capability="C7", style="framework"),
+        Valid("def sample(text, eod):\n    tokens, labels = text[:-1], text[1:]\n"
+              "    loss_mask = torch.ones_like(tokens, dtype=torch.float)\n    loss_mask[tokens == eod] = 0.0\n"
+              "    return {'tokens': tokens, 'labels': labels, 'loss_mask': loss_mask}\n",
+              why="ones shaped like the inputs, document ends zeroed: only the shape comes from the tokens (EOD masking)",
+              capability="C3", style="framework"),
     ]
     # Pinned lines are where the mask is moved (the roll, pad or window to fix) when that is in view.
     INVALID = [
@@ -564,6 +569,8 @@ def _record_mismatches(ctx: Analysis, producers: set[int]) -> Iterator[Violation
             m = seq.value(e.value)
             if m is None or m.kind != ROOT_IDS or not m.s.is_const() or m.s.const == start:
                 continue
+            if _shape_copy(ctx, e.value, e.node) and not _span_filled(ctx, e):
+                continue  # `ones_like(tokens)` with EOD slots zeroed: only its shape comes from the tokens
             if any(v in producers for v in m.via):
                 continue
             k = m.s.const - start
@@ -572,3 +579,25 @@ def _record_mismatches(ctx: Analysis, producers: set[int]) -> Iterator[Violation
                                     f"{abs(k)} position{'s' if abs(k) != 1 else ''} {'left' if k < 0 else 'right'} "
                                     "of them, at ids positions; move it with the labels (e.g. roll or slice it "
                                     "the same way)")
+
+
+def _shape_copy(ctx: Analysis, expr: cst.BaseExpression, at: cst.CSTNode) -> bool:
+    """The mask is a ``*_like`` / ``torch.zeros`` copy of a tensor: its layout comes from that tensor's shape alone."""
+    values = [expr]
+    if isinstance(expr, cst.Name):
+        values = [d.value for d in ctx.flow.reaching(expr.value, at) if d.kind == "assign" and d.value is not None]
+    return any(isinstance(v, cst.Call) and ctx.call_name(v) in LIKE_FUNCTIONS for v in values)
+
+
+def _span_filled(ctx: Analysis, entry) -> bool:
+    """A span of the mask is set by position in the function that stores it (``mask[i, start:end] = 1``): the
+    positions are ids positions (prompt and response lengths count tokens), not a copy of another mask's."""
+    if not isinstance(entry.value, cst.Name) or entry.function is None:
+        return False
+    for stmt in ctx.index.descendants(entry.function, cst.Assign):
+        for target in stmt.targets:
+            t = target.target
+            if isinstance(t, cst.Subscript) and isinstance(t.value, cst.Name) and t.value.value == entry.value.value \
+                    and any(isinstance(el.slice, cst.Slice) and el.slice.lower is not None for el in t.slice):
+                return True
+    return False
