@@ -29,7 +29,8 @@ _CODES = [
          "A tensor's shape or dtype does not match its contract and no more specific code applies.",
          "no", "jaxtyping-style spec check naming the argument, the expected dims and their bindings"),
     Code("RLG001", "mask-not-shifted",
-         "Action/loss mask aligned to `ids` instead of `ids[:, 1:]`: each policy span moves one token.",
+         "Action/loss mask aligned to `ids` instead of `ids[:, 1:]`: each policy span moves one token. "
+         "Value predictions pair with the next token like log-probs (slot t: the state before ids[:, t+1]).",
          "yes", "mask equals policy ownership of ids[:, 1:]; loss invariant to right padding; shape [B, T] vs [B, T-1]"),
     Code("RLG002", "old-logp-recomputed",
          "Old (behaviour) log-probs recomputed from the current weights inside the update loop: ratio is 1.",

@@ -411,6 +411,9 @@ class AlignFacet(Facet):
         """``torch.cat([prompt, completion], dim=1)``: the pieces appended along time make a sequence that starts
         where the first one does (its end is the pieces' sum: a symbol); token ids and masks so joined are a whole
         episode's [B, T] ids-aligned tensor."""
+        padded = self._cat_constant(trace, call, frame)
+        if padded is not None:
+            return padded
         dim = S.argument(call, 1, "dim")
         if not _int_is(dim, (1, -1)):
             return _UNKNOWN
@@ -424,6 +427,34 @@ class AlignFacet(Facet):
         start = first.s if first is not None and first.s.is_const() else ZERO
         text = re.sub(r"\s+", "", self.a.code(call))
         return Align(start, Lin.sym(f"<cat>{text}"), f"{text}@{id(frame)}", ROOT_IDS, name="cat")
+
+    def _cat_constant(self, trace, call, frame):
+        """``torch.cat([x[:, 1:], zeros(B, 1)], dim=1)``, ``torch.cat([labels[1:], torch.tensor([0])])`` (a packed,
+        rank-1 sequence): one traced tensor joined along time with constant pieces of literal width is that tensor
+        padded, like ``F.pad``: its positions stay, the pieces before it move its start, those after it its end.
+        Along dim 0 only when the tensor is visibly rank 1 (sliced by a single slice) and the pieces are rank-1
+        literals."""
+        dim = S.argument(call, 1, "dim")
+        rank1 = dim is None or _int_is(dim, (0,))
+        if not rank1 and not _int_is(dim, (1, -1)):
+            return None
+        pieces = call.args[0].value
+        if not isinstance(pieces, (cst.Tuple, cst.List)) or len(pieces.elements) < 2:
+            return None
+        widths = [_literal_width(self.a, el.value, rank1) for el in pieces.elements]
+        traced = [i for i, w in enumerate(widths) if w is None]
+        if len(traced) != 1:
+            return None
+        i = traced[0]
+        piece = pieces.elements[i].value
+        if rank1 and not (isinstance(piece, cst.Subscript) and len(piece.slice) == 1
+                          and isinstance(piece.slice[0].slice, cst.Slice)):
+            return None
+        inner = trace.value(piece, frame)
+        if inner is None or inner.kind not in (ROOT_IDS, ROOT_UNKNOWN):
+            return None
+        before, after = sum(widths[:i]), sum(widths[i + 1:])
+        return inner.shift(Lin(-before), Lin(after))
 
     def _pad(self, trace, call, frame):
         pad = S.argument(call, 1, "pad")
@@ -446,6 +477,35 @@ class AlignFacet(Facet):
         if not isinstance(func, (cst.Name, cst.Attribute)):
             return False
         return self.models.model(func, frame) is not None
+
+
+CONSTANT_FACTORIES = frozenset({"torch.zeros", "torch.ones", "torch.full", "torch.empty"})
+CONSTANT_METHODS = frozenset({"new_zeros", "new_ones", "new_full", "new_empty"})
+
+
+def _literal_width(a: "Analysis", expr: cst.BaseExpression, rank1: bool) -> int | None:
+    """The width along the joined axis of a constant piece of ``torch.cat`` (``torch.tensor([0])``,
+    ``torch.zeros(1)``, ``x.new_zeros(B, 1)``, ``torch.full((B, 2), pad)``), when it is a literal; else None."""
+    if not isinstance(expr, cst.Call):
+        return None
+    qname, method = a.call_name(expr), a.method(expr)
+    if qname in ("torch.tensor", "torch.as_tensor", "torch.LongTensor") and rank1 and expr.args:
+        data = expr.args[0].value
+        if isinstance(data, (cst.List, cst.Tuple)) and data.elements and all(
+                isinstance(el.value, (cst.Integer, cst.Float)) or S.int_value(el.value) is not None
+                for el in data.elements):
+            return len(data.elements)
+        return None
+    if qname not in CONSTANT_FACTORIES and method not in CONSTANT_METHODS:
+        return None
+    sizes = [arg.value for arg in expr.args if arg.keyword is None and not arg.star]
+    if qname in ("torch.full",) or method == "new_full":
+        sizes = sizes[:1]
+    if len(sizes) == 1 and isinstance(sizes[0], (cst.Tuple, cst.List)):
+        sizes = [el.value for el in sizes[0].elements]
+    if not sizes or len(sizes) != (1 if rank1 else 2):
+        return None
+    return S.int_value(sizes[-1])
 
 
 # What `node` returns for an expression it knows nothing about. It is None, like "defer to the shared walk": for
@@ -511,6 +571,11 @@ def gather_site(a: "Analysis", call: cst.Call) -> GatherSite | None:
         if src is not None and index is not None and _int_is(dim, (-1, 2)):
             return GatherSite(call, src, index, "gather")
         return None
+    if qname in EINX_GATHER:
+        site = _einx_gather(call)
+        if site is not None:
+            return site
+        return None
     if qname in CROSS_ENTROPY or _is_loss_object(a, call):
         src, target = S.argument(call, 0, "input"), S.argument(call, 1, "target")
         if src is not None and target is not None:
@@ -529,6 +594,35 @@ def gather_site(a: "Analysis", call: cst.Call) -> GatherSite | None:
         if logits is not None and labels is not None:
             return GatherSite(call, logits, labels, "helper")
     return None
+
+
+EINX_GATHER = frozenset({"einx.get_at"})
+_EINX_AXES = re.compile(r"\s+")
+
+
+def _einx_gather(call: cst.Call) -> GatherSite | None:
+    """``einx.get_at("b n [v], b n -> b n", logp, ids)``: a gather along the last axis of the first operand, when
+    the pattern brackets exactly that axis and the indices carry the other axes in the same order (the
+    per-token ``gather(-1, ids[..., None])``)."""
+    if len(call.args) < 3 or any(arg.keyword is not None or arg.star for arg in call.args[:3]):
+        return None
+    pattern = call.args[0].value
+    if not isinstance(pattern, cst.SimpleString):
+        return None
+    text = pattern.evaluated_value
+    if not isinstance(text, str) or text.count("->") != 1:
+        return None
+    inputs, output = (part.strip() for part in text.split("->"))
+    operands = [o.strip() for o in inputs.split(",")]
+    if len(operands) != 2:
+        return None
+    source, index = (_EINX_AXES.split(o) for o in operands)
+    out = _EINX_AXES.split(output)
+    if len(source) < 2 or not re.fullmatch(r"\[\w+\]", source[-1]) or any("[" in ax for ax in source[:-1]):
+        return None
+    if index != source[:-1] or out != index:
+        return None
+    return GatherSite(call, call.args[1].value, call.args[2].value, "gather")
 
 
 def _is_loss_object(a: "Analysis", call: cst.Call) -> bool:
@@ -579,8 +673,8 @@ def fmt(x: Lin) -> str:
 
 
 __all__ = ["Align", "GatherSite", "Lin", "ONE", "ROOT_IDS", "ROOT_LOGITS", "ROOT_TOKEN", "ROOT_UNKNOWN", "T", "ZERO",
-           "alignment", "apply_slice", "classify_root", "gather_site", "gather_sites", "lin", "time_element",
-           "trace_alignment"]
+           "alignment", "apply_slice", "classify_root", "gather_site", "gather_sites", "lin", "response_columns",
+           "time_element", "trace_alignment"]
 
 
 # ----- where the per-token values inside an expression are stored ---------------------------------------------------
@@ -703,6 +797,15 @@ class TokenFacet(Facet):
             return frozenset({(logits.shift(ONE, ONE), True)})
         return EMPTY
 
+    def _scalar_head(self, expr, frame) -> frozenset:
+        """C8, value heads: a model call's output sliced on time like logits and squeezed to one number per
+        position (``vhead(seq).logits[:, -R - 1:-1].squeeze(-1)``) is a per-token prediction, paired with the next
+        token like log-probs (the catalog's convention); whatever its name."""
+        head = self._logits().value(expr, frame)
+        if head is not None and head.model and head.moved:
+            return frozenset({(head.shift(ONE, ONE), True)})
+        return EMPTY
+
     def _call(self, trace, call, frame) -> frozenset:
         a = self.a
         site = gather_site(a, call)
@@ -734,10 +837,53 @@ class TokenFacet(Facet):
             if method in ELEMENTWISE_METHODS:
                 if method == "squeeze" and call.args and S.int_value(call.args[0].value) != -1:
                     return EMPTY
-                return trace.value(S.receiver(call), frame)
+                inner = trace.value(S.receiver(call), frame)
+                if not inner and method == "squeeze":
+                    return self._scalar_head(S.receiver(call), frame)
+                return inner
             return EMPTY
         return EMPTY
 
 
 def token_values(a: "Analysis") -> Trace:
     return a.facet("alignment:tokens", lambda an: Trace(an, TokenFacet(an), budget=60000))
+
+
+# ----- framework conventions: response columns (C8) -------------------------------------------------------------
+def _width_of(a: "Analysis", expr: cst.BaseExpression | None, key: str) -> bool:
+    """``x.size(1)``, ``x.size(-1)``, ``x.shape[1]``, ``x.shape[-1]`` of the tensor read as ``key``."""
+    if isinstance(expr, cst.Call) and a.method(expr) == "size" and len(expr.args) == 1 and _int_is(
+            expr.args[0].value, (1, -1)):
+        return key_of(S.receiver(expr)) == key
+    if isinstance(expr, cst.Subscript) and len(expr.slice) == 1 and isinstance(expr.slice[0].slice, cst.Index) \
+            and _int_is(expr.slice[0].slice.value, (1, -1)) and isinstance(expr.value, cst.Attribute) \
+            and expr.value.attr.value == "shape":
+        return key_of(expr.value.value) == key
+    return False
+
+
+def response_columns(a: "Analysis", labels: cst.BaseExpression, logits: Align, at: cst.CSTNode) -> Align | None:
+    """C8, rollout batches (verl and the like): the response tensor is the last ``R`` columns of the sequence the
+    model reads, ``R`` its width. When logits of a model call in view are sliced with a bound that is the width of
+    the very tensor they are gathered against (``R = responses.size(1)``, ``logits[:, -R - 1:-1]`` against
+    ``responses``), that tensor sits at ids positions ``T - R .. T - 1`` of the model's input: the alignment
+    returned here. None when no bound of the logits is that width (nothing is assumed)."""
+    key = key_of(labels)
+    if key is None or not logits.model or not logits.moved:
+        return None
+    for sym, _ in (*logits.s.terms, *logits.e.terms):
+        if sym == T_SYMBOL:
+            continue
+        width = False
+        if re.fullmatch(r"[A-Za-z_]\w*", sym):
+            defs = a.flow.reaching(sym, at)
+            width = bool(defs) and all(d.kind == "assign" and d.element is None and _width_of(a, d.value, key)
+                                       for d in defs)
+        else:
+            try:
+                width = _width_of(a, cst.parse_expression(sym), key)
+            except cst.ParserSyntaxError:
+                width = False
+        if width:
+            return replace(logits, s=T - Lin.sym(sym), e=ZERO, kind=ROOT_IDS, model=False, name=key.rsplit(".", 1)[-1])
+    return None

@@ -158,7 +158,37 @@ class Trace(Generic[V]):
             result = self.helper_call(expr, frame)
             if result is not None:
                 return result
+            result = self.keyed_read(expr, frame)
+            if result is not None:
+                return result
         return facet.unknown
+
+    def keyed_read(self, call: cst.Call, frame: Frame | None) -> V | None:
+        """``d.get("k")``, ``d.pop("k")``, ``d.get("k", default)``: read like ``d["k"]`` (with a default, joined
+        with it); None when ``call`` is not such a read of a container with a key path."""
+        func = call.func
+        if not (type(func) is cst.Attribute and func.attr.value in ("get", "pop") and 1 <= len(call.args) <= 2):
+            return None
+        first = call.args[0]
+        if first.keyword is not None or first.star or not isinstance(
+                first.value, (cst.SimpleString, cst.ConcatenatedString)):
+            return None
+        entry = first.value.evaluated_value
+        base = key_of(func.value)
+        if not isinstance(entry, str) or base is None:
+            return None
+        key = f"{base}[{entry!r}]"
+        defs = self.a.flow.reaching(key, call)
+        if defs:
+            value = self.facet.join([self.facet.defined(self, d, self.def_value(d, key, call, frame)) for d in defs])
+        else:
+            value = self.entry_of(func.value, entry, frame)
+        if len(call.args) == 2:
+            default = call.args[1].value
+            if isinstance(default, cst.Name) and default.value == "None":
+                return value
+            return self.facet.join([value, self.value(default, frame)])
+        return value
 
     # ----- names, attributes, keys ----------------------------------------------------------------------------
     def named(self, expr: cst.BaseExpression, frame: Frame | None) -> V:

@@ -7,7 +7,8 @@ from typing import Iterator
 import libcst as cst
 
 from rlguard.lint.analysis import Analysis
-from rlguard.lint.analysis.alignment import ROOT_IDS, ROOT_LOGITS, GatherSite, alignment, gather_sites
+from rlguard.lint.analysis.alignment import (ROOT_IDS, ROOT_LOGITS, GatherSite, alignment, gather_sites,
+                                             response_columns)
 from rlguard.lint.analysis.grad import call_sites
 from rlguard.lint.analysis.values import Frame
 from rlguard.lint.rule import Invalid, Rule, Valid, Violation
@@ -28,7 +29,14 @@ class LogitsLabelShift(Rule):
     call's arguments). It reports only when the offset between logits and labels is a known constant other
     than one, and either both come visibly from the same sequence (`model(ids)` and `ids`) or both are visibly
     sliced. An unshifted helper such as `def logprobs(logits, labels): ...gather(-1, labels...)` is correct
-    on its own (the caller shifts) and is checked at its call sites instead.
+    on its own (the caller shifts) and is checked at its call sites instead, unless it moves its labels
+    parameter itself while keeping its width (a roll, a pad, a cut joined with a constant piece, as packed
+    rank-1 helpers do): then it treats logits and labels as one sequence's positions and the labels it builds
+    must be the next tokens. `einx.get_at("b n [v], b n -> b n", logp, ids)` is a gather like
+    `logp.gather(-1, ids[..., None])`. Rollout batches follow the response convention: when the logits of a
+    model call are cut with the width of the tensor they are gathered against (`R = responses.size(-1)`,
+    `logits[:, -R:]` against `responses`), that tensor is taken as the last `R` columns of the model's input, so
+    `[:, -R - 1:-1]` is the shift and `[:, -R:]` is not.
 
     ## Why it is wrong
     A causal LM's `logits[:, t]` is the distribution of token `t + 1`. Gathering it at token `t` scores each
@@ -61,7 +69,7 @@ class LogitsLabelShift(Rule):
 
     code = "RLG012"
     triggers = (r"logits", r"\.gather\(|cross_entropy|nll_loss|\.log_prob\(|take_along_dim|CrossEntropyLoss|NLLLoss"
-                r"|log_?probs?_(?:from|of)_|selective_log_softmax|logps?_from")
+                r"|get_at\(|log_?probs?_(?:from|of)_|selective_log_softmax|logps?_from")
 
     VALID = [
         Valid("logits = model(ids).logits\n"
@@ -74,11 +82,11 @@ class LogitsLabelShift(Rule):
               "an unshifted helper: the caller shifts"),
         Valid("output = self.model(sequences, attention_mask=attention_mask)\n"
               "log_probs = log_probs_from_logits(output['logits'][:, :-1, :], sequences[:, 1:])\n",
-              "OpenRLHF style"),
+              "OpenRLHF style", capability="C8", style="class"),
         Valid("output = model(query_responses)\nlogits = output.logits[:, context_length - 1 : -1]\n"
               "logits /= temperature + 1e-7\n"
               "logprob = selective_log_softmax(logits, query_responses[:, context_length:])\n",
-              "TRL style window: ctx_len - 1 .. -1 against ctx_len .."),
+              "TRL style window: ctx_len - 1 .. -1 against ctx_len ..", capability="C8", style="framework"),
         Valid("logits = model(input_ids=input_ids).logits.squeeze(0)\n"
               "labels = torch.roll(input_ids, shifts=-1, dims=1).squeeze(0)\n"
               "log_probs = logprobs_from_logits(logits=logits, labels=labels)\n",
@@ -94,7 +102,48 @@ class LogitsLabelShift(Rule):
         Valid("def token_log_probs(logits, ids):\n    lp = logits[:, :-1].log_softmax(-1)\n"
               "    return lp.gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1)\n"
               "def loss_fn(model, ids):\n    return token_log_probs(model(ids), ids)\n",
-              "helper that shifts, called with the model output"),
+              "helper that shifts, called with the model output", capability="C4", style="functional"),
+        Valid("def forward_batch(model, batch):\n    batch['logits'] = model(batch['input_ids']).logits\n"
+              "    lp = batch['logits'][:, :-1].log_softmax(-1)\n"
+              "    return lp.gather(-1, batch['input_ids'][:, 1:].unsqueeze(-1)).squeeze(-1)\n",
+              why="logits under a batch key, the shift applied on both sides", capability="C3", style="framework"),
+        Valid("class Scorer:\n    def run(self, ids):\n        self.cache = {'logits': self.lm(ids).logits}\n"
+              "        return self.score(ids)\n    def score(self, ids):\n"
+              "        lsm = self.cache['logits'][:, :-1].log_softmax(-1)\n"
+              "        return lsm.gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1)\n",
+              why="logits kept on the trainer and gathered against the next tokens", capability="C3", style="class"),
+        Valid("def score(logits, labels):\n"
+              "    return logits.log_softmax(-1).gather(-1, labels[..., None]).squeeze(-1)\n"
+              "def ref_logps(ref, batch):\n    out = ref(batch['input_ids'])\n"
+              "    return score(out.logits[:, :-1], batch['input_ids'][:, 1:])\n",
+              why="the unshifted helper is fed the shifted pair", capability="C4", style="framework"),
+        Valid("class Rollout:\n    def logprobs(self, query_responses, context_length):\n"
+              "        logits = self.policy(query_responses).logits[:, context_length - 1:-1]\n"
+              "        return selective_log_softmax(logits, query_responses[:, context_length:])\n",
+              why="the context window shifted by one between logits and tokens", capability="C8", style="class"),
+        Valid("from einx import get_at\nclass StepScorer(nn.Module):\n    def forward(self, tokens):\n"
+              "        src, tgt = tokens[:, :-1], tokens[:, 1:]\n        logits = self.lm(src)\n"
+              "        return get_at('b t [v], b t -> b t', logits.log_softmax(dim=-1), tgt)\n",
+              why="einx.get_at over logits of all but the last token, at the next tokens",
+              capability="C12", style="class"),
+        Valid("def packed_token_logp(logits, seqlens, labels):\n"
+              "    labels = torch.cat([labels[1:], labels.new_zeros(1)])\n"
+              "    logp = torch.log_softmax(logits, dim=-1)\n"
+              "    return logp.gather(-1, labels[:, None]).squeeze(-1)\n",
+              why="a packed helper shifts the labels one left and pads the end", capability="C7", style="functional"),
+        Valid("def lp_of(logits, labels):\n    labels = labels.long()\n"
+              "    return logits.log_softmax(-1).gather(-1, labels.unsqueeze(-1)).squeeze(-1)\n",
+              why="a helper that leaves its labels alone: the caller shifts", capability="C7", style="script"),
+        Valid("def old_logp(actor, mb, temperature):\n    resp = mb['responses']\n    resp_len = resp.size(-1)\n"
+              "    out = actor(input_ids=mb['input_ids'], attention_mask=mb['attention_mask'])\n"
+              "    logits = out.logits / temperature\n    logits = logits[:, -resp_len - 1:-1, :]\n"
+              "    return logprobs_from_logits(logits, resp)\n",
+              why="responses are the last R columns of the input: logits[:, -R-1:-1] predict them",
+              capability="C8", style="framework"),
+        Valid("P = b['prompts'].shape[1]\nlg = policy(b['input_ids']).logits[:, P - 1:-1]\n"
+              "lp = selective_log_softmax(lg, b['responses'])\n",
+              why="the window is the prompt's width, not the labels': no convention applies, nothing is assumed",
+              capability="C8", style="script"),
     ]
     INVALID = [
         Invalid("logits = model(ids).logits\n"
@@ -116,14 +165,61 @@ class LogitsLabelShift(Rule):
         Invalid("def token_log_probs(logits, ids):\n    lp = logits.log_softmax(-1)\n"
                 "    return lp.gather(-1, ids.unsqueeze(-1)).squeeze(-1)\n"
                 "def loss_fn(model, ids):\n    return token_log_probs(model(ids), ids)\n",
-                line=5, why="helper without a shift, fed the model output and its input"),
+                line=5, why="helper without a shift, fed the model output and its input",
+                capability="C4", style="functional"),
         Invalid("class Trainer:\n    def logp(self, ids):\n        self.logits = self.actor(ids).logits\n"
                 "        lsm = torch.log_softmax(self.logits[:, 1:], -1)\n"
                 "        return lsm.gather(-1, ids[:, 1:].unsqueeze(-1))\n", line=5,
-                why="through a self attribute"),
+                why="through a self attribute", capability="C3", style="class"),
         Invalid("loss_fct = nn.CrossEntropyLoss()\nlogits = model(input_ids)[0]\n"
                 "loss = loss_fct(logits[:, :-1].flatten(0, 1), input_ids[:, :-1].flatten())\n", line=3,
                 why="loss object, both drop the last position"),
+        Invalid("def forward_batch(model, batch):\n    batch['logits'] = model(batch['input_ids']).logits\n"
+                "    lp = batch['logits'].log_softmax(-1)\n"
+                "    return lp.gather(-1, batch['input_ids'].unsqueeze(-1)).squeeze(-1)\n", line=4,
+                why="logits stored under a batch key and gathered against the same batch's ids",
+                capability="C3", style="framework"),
+        Invalid("out = {'logits': net(tokens).logits, 'n': tokens.size(1)}\n"
+                "lp = torch.gather(out['logits'].log_softmax(-1), 2, tokens[:, :, None]).squeeze(2)\n", line=2,
+                why="logits through a dict literal, gathered at the input tokens", capability="C3", style="script"),
+        Invalid("def score(logits, labels):\n"
+                "    return logits.log_softmax(-1).gather(-1, labels[..., None]).squeeze(-1)\n"
+                "def ref_logps(ref, batch):\n    out = ref(batch['input_ids'])\n"
+                "    return score(out.logits, batch['input_ids'])\n", line=5,
+                why="an unshifted scoring helper fed a model's logits and the model's own input",
+                capability="C4", style="framework"),
+        Invalid("def response_logps(model, data):\n    R = data['responses'].size(1)\n    seq = data['input_ids']\n"
+                "    logits = model(input_ids=seq).logits[:, -R:]\n"
+                "    return logprobs_from_logits(logits, seq[:, -R:])\n", line=5,
+                why="logits over the response window gathered against the same window of the sequence",
+                capability="C8", style="framework"),
+        Invalid("class Rollout:\n    def logprobs(self, query_responses, context_length):\n"
+                "        logits = self.policy(query_responses).logits[:, context_length:]\n"
+                "        return selective_log_softmax(logits, query_responses[:, context_length:])\n", line=4,
+                why="a context window cut the same way on logits and tokens", capability="C8", style="class"),
+        Invalid("from einx import get_at\nclass StepScorer(nn.Module):\n    def forward(self, tokens):\n"
+                "        logits = self.lm(tokens)\n"
+                "        return get_at('b t [v], b t -> b t', logits.log_softmax(dim=-1), tokens)\n", line=5,
+                why="einx.get_at gathers the last axis: here at the input tokens themselves",
+                capability="C12", style="class"),
+        Invalid("def packed_token_logp(logits, seqlens, labels):\n"
+                "    labels = torch.cat([labels[:-1], labels.new_zeros(1)])\n"
+                "    logp = torch.log_softmax(logits, dim=-1)\n"
+                "    return logp.gather(-1, labels[:, None]).squeeze(-1)\n", line=4,
+                why="a packed helper drops the last label and pads it back: the labels did not move",
+                capability="C7", style="functional"),
+        Invalid("def lp_of(logits, labels):\n    labels = torch.roll(labels, shifts=1, dims=-1)\n"
+                "    return logits.log_softmax(-1).gather(-1, labels.unsqueeze(-1)).squeeze(-1)\n", line=3,
+                why="a helper rolls its labels the wrong way", capability="C7", style="script"),
+        Invalid("def old_logp(actor, mb, temperature):\n    resp = mb['responses']\n    resp_len = resp.size(-1)\n"
+                "    out = actor(input_ids=mb['input_ids'], attention_mask=mb['attention_mask'])\n"
+                "    logits = out.logits / temperature\n    logits = logits[:, -resp_len:, :]\n"
+                "    return logprobs_from_logits(logits, resp)\n", line=7,
+                why="responses are the last R columns of the input: logits[:, -R:] scores each token at its own slot",
+                capability="C8", style="framework"),
+        Invalid("lg = policy(b['input_ids']).logits[:, -b['responses'].shape[1]:]\n"
+                "lp = selective_log_softmax(lg, b['responses'])\n", line=2,
+                why="the response width read inline: the same unshifted window", capability="C8", style="script"),
     ]
 
     def check(self, ctx: Analysis) -> Iterator[Violation]:
@@ -159,11 +255,13 @@ def _judge(ctx: Analysis, site: GatherSite, frame: Frame | None) -> str | None:
     if logits is None or not (logits.model or logits.kind == ROOT_LOGITS):
         return None
     labels = alignment(ctx, "seq").value(site.labels, frame)
+    if frame is None and (labels is None or not labels.moved and labels.root != logits.root):
+        labels = response_columns(ctx, site.labels, logits, site.node) or labels  # C8: responses, last R columns
     if labels is None or labels.kind != ROOT_IDS:
         return None
     same_sequence = logits.model and logits.root == labels.root
     both_moved = logits.moved and labels.moved
-    if not (same_sequence or both_moved):
+    if not (same_sequence or both_moved or (frame is None and _shifts_its_labels(ctx, site, logits, labels))):
         return None
     diff = labels.s - logits.s
     if not diff.is_const():
@@ -178,3 +276,18 @@ def _judge(ctx: Analysis, site: GatherSite, frame: Frame | None) -> str | None:
     else:
         what = f"the labels are {k:+d} positions from the logits' own positions (the next token is +1)"
     return f"{what}; logits[:, t] predicts ids[:, t+1]: gather logits[:, :-1] against ids[:, 1:]"
+
+
+def _shifts_its_labels(ctx: Analysis, site: GatherSite, logits, labels) -> bool:
+    """A helper that takes logits and labels as parameters and moves the labels itself, keeping their width (a
+    roll, a pad, a cut joined with a constant piece), with the logits as they came: it treats both parameters as
+    one sequence's positions, so the labels it builds must be the next tokens (+1)."""
+    func = ctx.enclosing_function(site.node)
+    if func is None or logits.moved or not labels.moved or logits.model:
+        return False
+    width = labels.e - labels.s
+    if not width.is_const() or width.const != 0:
+        return False
+    params = {p.name.value for p in (*func.params.posonly_params, *func.params.params, *func.params.kwonly_params)}
+    return logits.name in params and labels.name in params and logits.root.split("@")[1:] == \
+        labels.root.split("@")[1:]
