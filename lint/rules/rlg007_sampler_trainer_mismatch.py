@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from typing import Iterator
 
@@ -11,12 +12,15 @@ from rlguard.lint.analysis import Analysis, dotted_name
 from rlguard.lint.analysis.alignment import gather_site
 from rlguard.lint.analysis.grad import grad_context
 from rlguard.lint.analysis.provenance import models
-from rlguard.lint.analysis.semantics import argument
+from rlguard.lint.analysis.semantics import argument, literal_bool
+from rlguard.lint.analysis.temperature import (applies_temperature, autocast_region, is_sampling_call,
+                                               loss_inputs, temperature_expr, upcast)
 from rlguard.lint.rule import Invalid, Rule, Valid, Violation
 
 
 TEMPERATURE_KEYWORDS = ("temperature", "temp", "sampling_temperature", "tau")
-SAMPLER_CALL = re.compile(r"(?i)\w*(generate|sample|rollout|collect|decode)\w*|SamplingParams|GenerationConfig")
+SAMPLER_CALL = re.compile(r"(?i)\w*(generate|sample|rollout|collect|decode)\w*|SamplingParams|GenerationConfig|"
+                          r"RequestConfig|\w*SamplingConfig")
 EVAL_NAME = re.compile(r"(?i)\w*(eval|valid|test|greedy|bench|demo|inference|predict)\w*")
 ROLLOUT_FUNCTION = re.compile(r"(?i)\w*(rollout|collect|experience|make_batch|sample_batch|generate_batch)\w*")
 CONFIG_OBJECT = re.compile(r"(?i)(self\.)?(cfg|config|conf|args|hparams|params|opts|settings)")
@@ -162,10 +166,15 @@ class SamplerTrainerMismatch(Rule):
                                             f"other settings come from `{configs[0]}`, whose temperature the "
                                             "trainer uses for its log-probs; pass the config's temperature "
                                             "to the sampler")
+        reported: set[int] = set()
+        yield from _symbolic(ctx, samplers, sampler_temps, reported)
+        yield from _sibling(ctx, samplers, reported)
         known = [(c, e, v) for c, e, v in sampler_temps if v is not None]
         if not known or not _old_logp_from_sampler(ctx):
             return
         for site, divisor in _trainer_sites(ctx, samplers):
+            if id(site) in reported:
+                continue
             if divisor is None:
                 bad = [(c, v) for c, _, v in known if v not in (1.0, 0.0)]
                 if bad:
@@ -385,13 +394,14 @@ def _old_logp_from_sampler(ctx: Analysis) -> bool:
     return True
 
 
-def _trainer_sites(ctx: Analysis, samplers: set[int]):
-    """(site, divisor or None) for each log-prob computation of the trainer whose logits come from a model."""
+def _trainer_sites(ctx: Analysis, samplers: set[int], no_grad: bool = False):
+    """(site, divisor or None) for each log-prob computation of the trainer whose logits come from a model
+    (``no_grad``: also those computed without autograd, such as a recomputation of the old log-probs)."""
     for call in ctx.nodes(cst.Call):
         func = ctx.enclosing_function(call)
         if func is not None and (id(func) in samplers or EVAL_NAME.fullmatch(func.name.value)):
             continue
-        if grad_context(ctx).enabled(call) is False:
+        if not no_grad and grad_context(ctx).enabled(call) is False:
             continue
         site = gather_site(ctx, call)
         logits = site.logits if site is not None else None
@@ -406,6 +416,27 @@ def _trainer_sites(ctx: Analysis, samplers: set[int]):
         reached, divisor = _divisor(ctx, logits, call)
         if reached:
             yield call, divisor
+
+
+def _loss_sites(ctx: Analysis, samplers: set[int]):
+    """(call, logits argument, divisor or None) for each opaque loss callable (a parameter or attribute, not a
+    library function) handed a model's logits whose result is ``.backward()``-ed."""
+    for call in loss_inputs(ctx):
+        func = ctx.enclosing_function(call)
+        if func is None or id(func) in samplers or ctx.call_name(call) is not None and "." in (
+                ctx.call_name(call) or "") and ctx.is_module_function(call):
+            continue
+        if ctx.callee(call) is not None or not isinstance(call.func, (cst.Name, cst.Attribute)):
+            continue
+        name = dotted_name(call.func) or ""
+        if isinstance(call.func, cst.Name):
+            defs = ctx.flow.reaching(name, call)
+            if not defs or any(d.kind in ("import", "def") for d in defs):
+                continue  # a plain name must be a callable handed in (``loss_fn``), not an unseen import
+        for arg in call.args[:1]:
+            reached, divisor = _divisor(ctx, arg.value, call)
+            if reached:
+                yield call, arg.value, divisor
 
 
 def _divisor(ctx: Analysis, expr: cst.BaseExpression, site: cst.CSTNode, depth: int = 10):
@@ -448,6 +479,11 @@ def _divisor(ctx: Analysis, expr: cst.BaseExpression, site: cst.CSTNode, depth: 
                         and call.args and ctx.index.function_scope(call) is ctx.index.function_scope(expr):
                     divisor = divisor or call.args[0].value
             plain = [a for a in _plain_reaching(ctx, name, expr)] if name else []
+            if len(plain) > 1 and all(p.value is not None for p in plain) and len(plain) <= 4:
+                branches = [_divisor(ctx, p.value, site, depth) for p in plain]
+                if not any(r for r, _ in branches):
+                    return False, None
+                return True, divisor or next((d for _, d in branches if d is not None), None)
             if len(plain) != 1 or plain[0].value is None:
                 return False, None
             expr = plain[0].value
@@ -488,3 +524,164 @@ def _key_name(expr: cst.BaseExpression) -> str | None:
     if key is None:
         return None
     return key[key.rindex("['") + 2:-2] if key.endswith("']") else key
+
+
+def _model_role(ctx: Analysis, expr: cst.BaseExpression, depth: int = 10):
+    """The model whose forward ``expr`` (a logits chain) starts from, following the same steps as ``_divisor``."""
+    while depth > 0 and expr is not None:
+        depth -= 1
+        if isinstance(expr, cst.BinaryOperation):
+            expr = expr.left
+        elif isinstance(expr, cst.Subscript):
+            expr = expr.value
+        elif isinstance(expr, cst.Call):
+            if _is_model_call(ctx, expr):
+                func = expr.func
+                if isinstance(func, cst.Attribute) and func.attr.value in ("forward", "__call__"):
+                    func = func.value
+                ref = models(ctx).model(func)
+                last = (dotted_name(func) or "").rsplit(".", 1)[-1]
+                if ref is not None and ref.role == "reference" and last and not ctx.names.is_role(last, "ref_model"):
+                    # an attribute swapped with the reference in a context manager: the name called is the policy's
+                    ref = dataclasses.replace(ref, role="model")
+                return ref
+            if isinstance(expr.func, cst.Attribute):
+                expr = expr.func.value
+            elif expr.args:
+                expr = expr.args[0].value
+            else:
+                return None
+        elif isinstance(expr, (cst.Name, cst.Attribute)):
+            name = dotted_name(expr)
+            if isinstance(expr, cst.Attribute) and (name is None or not name.startswith("self.")):
+                expr = expr.value
+                continue
+            plain = _plain_reaching(ctx, name, expr) if name else []
+            if len(plain) > 1 and len(plain) <= 4:
+                return next((r for r in (_model_role(ctx, p.value, depth) for p in plain if p.value is not None)
+                             if r is not None), None)
+            if len(plain) != 1 or plain[0].value is None:
+                return None
+            expr = plain[0].value
+        else:
+            return None
+    return None
+
+
+def _sites(ctx: Analysis, samplers: set[int], no_grad: bool = False):
+    """Every trainer log-prob site: (site, logits chain or None, divisor or None)."""
+    for site, divisor in _trainer_sites(ctx, samplers, no_grad):
+        yield site, None, divisor
+    for call, logits, divisor in _loss_sites(ctx, samplers):
+        yield call, logits, divisor
+
+
+def _site_logits(ctx: Analysis, site: cst.Call) -> cst.BaseExpression | None:
+    found = gather_site(ctx, site)
+    if found is not None and found.logits is not None:
+        return found.logits
+    return site.args[0].value if site.args else None
+
+
+def _scaled_logits(ctx: Analysis, samplers: set[int]):
+    """(division, model, divisor): a model's logits divided by a temperature symbol outside a sampler
+    (``logits / cfg.temperature``, ``logits.div_(self.cfg["generation"]["temperature"])``, ``logits /= t``)."""
+    for node in ctx.nodes(cst.BinaryOperation, cst.Call, cst.AugAssign):
+        if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Divide):
+            left, divisor = node.left, node.right
+        elif isinstance(node, cst.AugAssign) and isinstance(node.operator, cst.DivideAssign):
+            left, divisor = node.target, node.value
+        elif isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and \
+                node.func.attr.value in ("div", "div_") and node.args:
+            left, divisor = node.func.value, node.args[0].value
+        else:
+            continue
+        func = ctx.enclosing_function(node)
+        if func is None or id(func) in samplers or not temperature_expr(divisor) or _resolve(ctx, divisor) is not None:
+            continue
+        ref = _model_role(ctx, left)
+        if ref is not None and ref.role in ("policy", "model"):
+            yield node, ref, divisor
+
+
+def _policy_site(ctx: Analysis, site: cst.Call, logits: cst.BaseExpression | None) -> bool:
+    """The site scores the policy: its logits come from a model that is not a reference, critic or reward model."""
+    if logits is None:
+        logits = _site_logits(ctx, site)
+    ref = _model_role(ctx, logits) if logits is not None else None
+    return ref is not None and ref.role in ("policy", "model")
+
+
+def _samples_for_training(ctx: Analysis) -> bool:
+    """Evidence that sampled log-probs matter to the trainer: an old-logp value is read in the module, or a
+    sampling call asks for the sampler's log-probs or scores."""
+    for node in ctx.nodes(cst.Name):
+        if ctx.names.is_role(node.value, "old_logp"):
+            return True
+    for s in ctx.nodes(cst.SimpleString):
+        value = s.evaluated_value
+        if isinstance(value, str) and value.isidentifier() and ctx.names.is_role(value, "old_logp"):
+            return True
+    for call in ctx.nodes(cst.Call):
+        if not is_sampling_call(call):
+            continue
+        for kw in ("output_scores", "return_log_probs", "return_logprobs", "output_logprobs"):
+            if literal_bool(argument(call, None, kw)) is True:
+                return True
+        value = argument(call, None, "logprobs")
+        if value is not None and not (isinstance(value, cst.Name) and value.value in ("None", "False")):
+            return True
+    return False
+
+
+def _symbolic(ctx: Analysis, samplers: set[int], sampler_temps, reported: set[int]):
+    """The sampler's temperature is a symbol (a config field, attribute, parameter) that is not provably 1, and
+    the trainer scores the policy's logits undivided in a module that applies no temperature anywhere."""
+    symbols = [(c, e) for c, e, v in sampler_temps if v is None and isinstance(c, cst.Call)
+               and _symbol(ctx, e)]
+    if not symbols or any(v == 1.0 for _, _, v in sampler_temps) or applies_temperature(ctx):
+        return
+    if not _samples_for_training(ctx):
+        return
+    call, expr = symbols[0]
+    for site, logits, divisor in _sites(ctx, samplers):
+        if divisor is not None or id(site) in reported or not _policy_site(ctx, site, logits):
+            continue
+        reported.add(id(site))
+        yield Violation(site, f"the trainer's log-probs use the policy's logits not divided by any temperature, "
+                              f"but the sampler (line {_line(ctx, call)}) samples at `{ctx.code(expr)}`, which is "
+                              "not 1 unless configured so; divide the logits by the same temperature")
+
+
+def _symbol(ctx: Analysis, expr: cst.BaseExpression) -> bool:
+    """A temperature that is configured rather than literal: a config field, attribute, key or parameter."""
+    if isinstance(expr, cst.IfExp):  # ``cfg.temperature if not greedy else 0``
+        return _symbol(ctx, expr.body) or _symbol(ctx, expr.orelse)
+    return isinstance(expr, (cst.Name, cst.Attribute, cst.Subscript)) and temperature_expr(expr)
+
+
+def _sibling(ctx: Analysis, samplers: set[int], reported: set[int]):
+    """One trainer path divides the policy's logits by a temperature symbol; another path of the same class (or
+    module) scores the same model's logits undivided in a function that applies no temperature at all."""
+    sites = list(_sites(ctx, samplers, no_grad=True))
+    scaled = list(_scaled_logits(ctx, samplers))
+    if not scaled:
+        return
+    for site, logits, divisor in sites:
+        if divisor is not None or id(site) in reported:
+            continue
+        func = ctx.enclosing_function(site)
+        if func is None or applies_temperature(ctx, func) or not _policy_site(ctx, site, logits):
+            continue
+        cls = ctx.enclosing_class(site)
+        ref = _model_role(ctx, logits if logits is not None else _site_logits(ctx, site))
+        partner = next((s for s, r, d in scaled if ctx.enclosing_class(s) is cls
+                        and ctx.enclosing_function(s) is not func and ref is not None and r.roots & ref.roots), None)
+        if partner is None:
+            continue
+        reported.add(id(site))
+        divisor = next(d for s, r, d in scaled if s is partner)
+        yield Violation(site, f"these log-probs use the policy's logits not divided by the temperature, but "
+                              f"`{ctx.enclosing_function(partner).name.value}` (line {_line(ctx, partner)}) divides "
+                              f"the same model's logits by `{ctx.code(divisor)}`; the two log-probs are of "
+                              "different distributions. Apply the same temperature here")
