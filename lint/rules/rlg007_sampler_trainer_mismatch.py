@@ -13,8 +13,8 @@ from rlguard.lint.analysis.alignment import gather_site
 from rlguard.lint.analysis.grad import grad_context
 from rlguard.lint.analysis.provenance import models
 from rlguard.lint.analysis.semantics import argument, literal_bool
-from rlguard.lint.analysis.temperature import (applies_temperature, autocast_region, is_sampling_call,
-                                               loss_inputs, temperature_expr, upcast)
+from rlguard.lint.analysis.temperature import (TEMPERATURE_WORD, applies_temperature, autocast_region,
+                                               is_sampling_call, loss_inputs, temperature_expr, upcast)
 from rlguard.lint.rule import Invalid, Rule, Valid, Violation
 
 
@@ -81,7 +81,7 @@ class SamplerTrainerMismatch(Rule):
     """
 
     code = "RLG007"
-    triggers = (r"temperature|\btemp\b|multinomial", r"generate|sample|rollout|multinomial",
+    triggers = (r"temperature|\btemp\b|multinomial|autocast",
                 r"log_?probs?|logps?\b|_logp|gather|log_softmax|cross_entropy|def \w*(?:rollout|collect)")
 
     VALID = [
@@ -169,6 +169,10 @@ class SamplerTrainerMismatch(Rule):
         reported: set[int] = set()
         yield from _symbolic(ctx, samplers, sampler_temps, reported)
         yield from _sibling(ctx, samplers, reported)
+        yield from _misplaced(ctx, samplers, reported)
+        yield from _fallback(ctx, reported)
+        yield from _autocast(ctx, samplers, reported)
+        yield from _engine_logprobs_mode(ctx)
         known = [(c, e, v) for c, e, v in sampler_temps if v is not None]
         if not known or not _old_logp_from_sampler(ctx):
             return
@@ -649,7 +653,7 @@ def _symbolic(ctx: Analysis, samplers: set[int], sampler_temps, reported: set[in
             continue
         reported.add(id(site))
         yield Violation(site, f"the trainer's log-probs use the policy's logits not divided by any temperature, "
-                              f"but the sampler (line {_line(ctx, call)}) samples at `{ctx.code(expr)}`, which is "
+                              f"but the sampler{_at(ctx, call)} samples at `{ctx.code(expr)}`, which is "
                               "not 1 unless configured so; divide the logits by the same temperature")
 
 
@@ -682,6 +686,348 @@ def _sibling(ctx: Analysis, samplers: set[int], reported: set[int]):
         reported.add(id(site))
         divisor = next(d for s, r, d in scaled if s is partner)
         yield Violation(site, f"these log-probs use the policy's logits not divided by the temperature, but "
-                              f"`{ctx.enclosing_function(partner).name.value}` (line {_line(ctx, partner)}) divides "
+                              f"`{ctx.enclosing_function(partner).name.value}`{_at(ctx, partner)} divides "
                               f"the same model's logits by `{ctx.code(divisor)}`; the two log-probs are of "
                               "different distributions. Apply the same temperature here")
+
+
+def _helper_sites(ctx: Analysis, func: cst.FunctionDef):
+    """Log-prob sites inside ``func`` whose logits come from one of its parameters, undivided."""
+    params = {p.name.value for p in func.params.params}
+    for call in ctx.nodes(cst.Call):
+        if ctx.enclosing_function(call) is not func:
+            continue
+        site = gather_site(ctx, call)
+        if site is None or site.logits is None:
+            continue
+        expr, depth = site.logits, 8
+        while depth > 0:
+            depth -= 1
+            if isinstance(expr, cst.Subscript):
+                expr = expr.value
+            elif isinstance(expr, cst.Call) and ctx.call_name(expr) in (
+                    "torch.log_softmax", "torch.nn.functional.log_softmax") and expr.args:
+                expr = expr.args[0].value
+            elif isinstance(expr, cst.Call) and isinstance(expr.func, cst.Attribute) and expr.func.attr.value in (
+                    "log_softmax", "float", "to", "contiguous", "squeeze", "view", "reshape") \
+                    and not ctx.is_module_function(expr):
+                expr = expr.func.value
+            elif isinstance(expr, cst.Name):
+                defs = ctx.flow.reaching(expr.value, expr)
+                if any(d.kind == "param" for d in defs) and expr.value in params:
+                    yield call
+                    break
+                plain = [d for d in defs if d.kind == "assign" and d.value is not None]
+                if len(plain) != 1 or len(defs) != 1:
+                    break
+                expr = plain[0].value
+            else:
+                break
+
+
+def _misplaced(ctx: Analysis, samplers: set[int], reported: set[int]):
+    """A caller passes a temperature into a log-prob helper's parameter that is not a temperature (positionally,
+    into another slot): the helper never divides its logits, so the caller's temperature is silently dropped."""
+    from rlguard.lint.analysis.values import bind_arguments
+
+    for call in ctx.nodes(cst.Call):
+        func = ctx.callee(call)
+        if func is None or id(func) in samplers or applies_temperature(ctx, func, depth=0):
+            continue
+        for param, (value, _frame) in bind_arguments(func, call, None):
+            if not _symbol(ctx, value) or TEMPERATURE_WORD.fullmatch(param):
+                continue
+            for site in _helper_sites(ctx, func):
+                if id(site) in reported:
+                    continue
+                reported.add(id(site))
+                yield Violation(site, f"these log-probs use logits never divided by a temperature, and the caller"
+                                      f"{_at(ctx, call)} passes `{ctx.code(value)}` into the parameter "
+                                      f"`{param}`, which is not one: the sampling temperature is dropped. Add a "
+                                      "temperature parameter and divide the logits by it")
+
+
+def _fallback_param(ctx: Analysis, expr: cst.BaseExpression) -> str | None:
+    """``t or 1.0`` / ``t if t is not None else 1.0`` / ``t`` where ``t`` is a parameter (of this function or an
+    enclosing one) whose default is None or 1: the parameter's name, when the value is 1 unless a caller passes
+    it."""
+    name = None
+    if isinstance(expr, cst.BooleanOperation) and isinstance(expr.operator, cst.Or) and \
+            _resolve(ctx, expr.right) == 1.0 and isinstance(expr.left, cst.Name):
+        name = expr.left
+    elif isinstance(expr, cst.IfExp) and isinstance(expr.body, cst.Name) and _resolve(ctx, expr.orelse) == 1.0:
+        name = expr.body
+    if name is None or not TEMPERATURE_WORD.fullmatch(name.value):
+        return None
+    defs = ctx.flow.reaching(name.value, name)
+    if len(defs) != 1 or defs[0].kind != "param":
+        return None
+    default = defs[0].value
+    if default is not None and not (isinstance(default, cst.Name) and default.value == "None") \
+            and _resolve(ctx, default) != 1.0:
+        return None
+    return name.value
+
+
+def _fallback(ctx: Analysis, reported: set[int]):
+    """A method of a class that holds its sampling temperature (``self.temperature``, used for the training
+    loss) computes log-probs at an optional temperature parameter that falls back to 1, and no call in the
+    module passes it: the old log-probs are taken at temperature 1."""
+    for call in ctx.nodes(cst.Call):
+        cls = ctx.enclosing_class(call)
+        if cls is None or is_sampling_call(call) or not LOGP_CALL.fullmatch(_callee_name(call) or ""):
+            continue
+        for arg in call.args:
+            if arg.keyword is not None and not TEMPERATURE_WORD.fullmatch(arg.keyword.value):
+                continue
+            param = _fallback_param(ctx, arg.value)
+            if param is None:
+                continue
+            attrs = _class_temperatures(ctx, cls)
+            if not attrs or _passed_by_callers(ctx, param, call):
+                continue
+            reported.add(id(call))
+            yield Violation(arg.value, f"these log-probs are taken at temperature 1 unless a caller passes "
+                                       f"`{param}`, and no call in this module does, while the class trains at "
+                                       f"`{attrs[0]}`; default to `{attrs[0]}`")
+
+
+def _class_temperatures(ctx: Analysis, cls: cst.ClassDef) -> list[str]:
+    """``self.<temperature>`` attributes of ``cls`` that are bound from a config and handed to a call as a
+    temperature (``functools.partial(loss_fn, temperature=self.temperature)``)."""
+    found = []
+    for arg_owner in ctx.nodes(cst.Call):
+        if ctx.enclosing_class(arg_owner) is not cls:
+            continue
+        for arg in arg_owner.args:
+            key = dotted_name(arg.value) or ""
+            if key.startswith("self.") and key.count(".") == 1 and TEMPERATURE_WORD.fullmatch(key[5:]) and (
+                    arg.keyword is None or TEMPERATURE_WORD.fullmatch(arg.keyword.value)):
+                defs = ctx.index.class_defs.get(id(cls), {}).get(key, [])
+                if defs and all(d.value is not None and _resolve(ctx, d.value) is None for d in defs) \
+                        and key not in found:
+                    found.append(key)
+    return found
+
+
+def _passed_by_callers(ctx: Analysis, param: str, at: cst.CSTNode) -> bool:
+    """Does any call in the module pass ``param`` by keyword, or call the enclosing method with as many
+    positional arguments as reach it?"""
+    func = ctx.enclosing_function(at)
+    while func is not None and param not in {p.name.value for p in func.params.params}:
+        func = ctx.enclosing_function(func)
+    if func is None:
+        return True
+    names = [p.name.value for p in func.params.params]
+    position = names.index(param) - (1 if names and names[0] in ("self", "cls") else 0)
+    for call in ctx.nodes(cst.Call):
+        if _callee_name(call) != func.name.value:
+            continue
+        if any(a.keyword is not None and a.keyword.value == param for a in call.args):
+            return True
+        positional = [a for a in call.args if a.keyword is None]
+        if any(a.star == "*" for a in positional):
+            continue  # forwarding ``*args`` from outside the module: unknown, counted as not passing
+        if len(positional) > position:
+            return True
+    return False
+
+
+def _ratio_partner(ctx: Analysis, logp_def_stmt: cst.CSTNode, key: str):
+    """The ``old`` of ``exp(key - old)`` (directly or through ``d = key - old; exp(d)``) in the same function."""
+    from rlguard.lint.analysis.roles import ratio_terms
+
+    func = ctx.enclosing_function(logp_def_stmt)
+    for call in ctx.nodes(cst.Call):
+        if ctx.enclosing_function(call) is not func:
+            continue
+        exponent = None
+        if isinstance(call.func, cst.Attribute) and call.func.attr.value == "exp" and not call.args:
+            exponent = call.func.value
+        elif ctx.call_name(call) == "torch.exp" and call.args:
+            exponent = call.args[0].value
+        if isinstance(exponent, cst.Name):
+            defs = [d for d in ctx.flow.reaching(exponent.value, exponent) if d.kind == "assign"]
+            exponent = defs[0].value if len(defs) == 1 else None
+        if isinstance(exponent, cst.BinaryOperation) and isinstance(exponent.operator, cst.Subtract):
+            left = exponent.left
+            while isinstance(left, cst.Subscript):
+                left = left.value
+            if isinstance(left, cst.Name) and left.value == key:
+                yield exponent.right
+    del ratio_terms
+
+
+def _from_sampler(ctx: Analysis, expr: cst.BaseExpression, depth: int = 8) -> cst.Call | None:
+    """The sampling call whose result ``expr`` reads (``out.per_token_logps.to(dev)[idx]`` with
+    ``out = engine.rollout(...)``), or None."""
+    while depth > 0 and expr is not None:
+        depth -= 1
+        if isinstance(expr, cst.Subscript):
+            expr = expr.value
+        elif isinstance(expr, cst.Call):
+            if isinstance(expr.func, cst.Attribute) and expr.func.attr.value in ("to", "float", "detach", "cuda",
+                                                                                   "clone", "contiguous"):
+                expr = expr.func.value
+            elif SAMPLER_CALL.fullmatch(_callee_name(expr) or "") and not _is_eval(ctx, expr):
+                return expr
+            else:
+                return None
+        elif isinstance(expr, cst.Attribute):
+            expr = expr.value
+        elif isinstance(expr, cst.Name):
+            defs = ctx.flow.reaching(expr.value, expr)
+            if len(defs) != 1 or defs[0].kind != "assign" or defs[0].value is None:
+                return None
+            expr = defs[0].value
+        else:
+            return None
+    return None
+
+
+def _autocast(ctx: Analysis, samplers: set[int], reported: set[int]):
+    """The trainer's forward runs under ``torch.autocast`` but its log-softmax is taken after the block, on the
+    half-precision logits (autocast would have run it in float32), while the old log-probs it is compared with
+    come from the sampler: the ratio is not 1 before any step."""
+    for site in ctx.nodes(cst.Call):
+        func = ctx.enclosing_function(site)
+        if id(site) in reported or func is None or id(func) in samplers or EVAL_NAME.fullmatch(func.name.value):
+            continue
+        found = gather_site(ctx, site)
+        logits = found.logits if found is not None else None
+        if logits is None or grad_context(ctx).enabled(site) is False:
+            continue
+        if logits is None or autocast_region(ctx, site) is not None or upcast(ctx, logits):
+            continue
+        softmax = ctx.code(logits)
+        if "log_softmax" not in softmax and "log_softmax" not in ctx.code(site):
+            continue
+        model_call = _model_call_of(ctx, logits)
+        if model_call is None or autocast_region(ctx, model_call) is None:
+            continue
+        stmt = ctx.index.statement_of(site)
+        targets = [d for d in ctx.index.stmt_defs.get(id(stmt), ()) if d.kind == "assign" and "." not in d.key]
+        if len(targets) != 1:
+            continue
+        sampler = next((c for old in _ratio_partner(ctx, stmt, targets[0].key)
+                        for c in [_from_sampler(ctx, old)] if c is not None), None)
+        if sampler is None:
+            continue
+        reported.add(id(site))
+        yield Violation(site, f"the forward ran under autocast but this log-softmax is taken after the block, on "
+                              f"half-precision logits, while the old log-probs it is compared with come from the "
+                              f"sampler {_at(ctx, sampler)}, computed in float32: the ratio is not 1 "
+                              "before any step. Take the log-softmax inside the autocast block or upcast the "
+                              "logits with `.float()`")
+
+
+def _model_call_of(ctx: Analysis, expr: cst.BaseExpression, depth: int = 10) -> cst.Call | None:
+    while depth > 0 and expr is not None:
+        depth -= 1
+        if isinstance(expr, cst.Subscript):
+            expr = expr.value
+        elif isinstance(expr, cst.Call):
+            if _is_model_call(ctx, expr):
+                return expr
+            if ctx.is_module_function(expr) and expr.args:  # F.log_softmax(x, -1)
+                expr = expr.args[0].value
+            elif isinstance(expr.func, cst.Attribute):
+                expr = expr.func.value
+            elif expr.args:
+                expr = expr.args[0].value
+            else:
+                return None
+        elif isinstance(expr, cst.Attribute):
+            name = dotted_name(expr) or ""
+            if name.startswith("self.") and name.count(".") == 1:
+                return None
+            if expr.attr.value == "logits" and isinstance(expr.value, cst.Name):
+                # ``out.logits`` with ``out = m(...)``: the call is a causal-LM forward by its output
+                defs = _plain_reaching(ctx, expr.value.value, expr)
+                if len(defs) == 1 and isinstance(defs[0].value, cst.Call) and \
+                        not ctx.is_module_function(defs[0].value) and ctx.callee(defs[0].value) is None:
+                    return defs[0].value
+            expr = expr.value
+        elif isinstance(expr, cst.Name):
+            defs = _plain_reaching(ctx, expr.value, expr)
+            if len(defs) != 1 or defs[0].value is None:
+                return None
+            expr = defs[0].value
+        else:
+            return None
+    return None
+
+
+# Library facts (versioned): inference-engine configurations whose returned log-probs are, by default, taken
+# before the sampler's temperature and top-p (``raw``), and the option that asks for the processed ones.
+# megatron-core >= 0.15 ``InferenceConfig(logprobs_mode=...)``; vLLM >= 0.10.2 (V1 engine) ``LLM(...,
+# logprobs_mode=...)`` / ``EngineArgs`` / ``AsyncEngineArgs``, default ``"raw_logprobs"``.
+RAW_LOGPROB_ENGINES = {
+    "megatron.core.inference.config.InferenceConfig": "logprobs_mode",
+    "vllm.LLM": "logprobs_mode",
+    "vllm.EngineArgs": "logprobs_mode",
+    "vllm.AsyncEngineArgs": "logprobs_mode",
+    "vllm.engine.arg_utils.EngineArgs": "logprobs_mode",
+    "vllm.engine.arg_utils.AsyncEngineArgs": "logprobs_mode",
+}
+PROCESSED = re.compile(r"processed_(logprobs|logits)")
+
+
+def _engine_logprobs_mode(ctx: Analysis):
+    """An inference engine configured in this module without asking for processed log-probs, while the module
+    samples at a temperature that is not provably 1 and reads the engine's log-probs."""
+    engines = []
+    for call in ctx.nodes(cst.Call):
+        name = ctx.call_name(call) or ""
+        option = RAW_LOGPROB_ENGINES.get(name)
+        if option is None:
+            continue
+        if any(a.star for a in call.args):
+            continue  # options splatted from a dict: unknown
+        value = argument(call, None, option)
+        if value is not None and not (isinstance(value, cst.SimpleString) and not PROCESSED.search(value.value)):
+            continue
+        engines.append(call)
+    if not engines:
+        return
+    temperature = None
+    for call in ctx.nodes(cst.Call):
+        if not is_sampling_call(call) or _is_eval(ctx, call):
+            continue
+        value = argument(call, None, "temperature")
+        if value is None:
+            continue
+        if isinstance(value, cst.IfExp):
+            value = value.body
+        resolved = _resolve(ctx, value)
+        if resolved is not None and resolved in (0.0, 1.0):
+            continue
+        if resolved is None and not _symbol(ctx, value):
+            continue
+        if not _reads_logprobs(ctx, call):
+            continue
+        temperature = (call, value)
+        break
+    if temperature is None:
+        return
+    call, value = temperature
+    for engine in engines:
+        yield Violation(engine, f"this inference engine returns raw log-probs (before temperature and top-p) "
+                                f"unless asked for processed ones, and the module samples at "
+                                f"`{ctx.code(value)}`{_at(ctx, call)} and reads the engine's log-probs: "
+                                "they are not the distribution the trainer scores. Pass "
+                                "`logprobs_mode=\"processed_logprobs\"`")
+
+
+def _reads_logprobs(ctx: Analysis, sampling: cst.Call) -> bool:
+    """The sampling call asks for log-probs (``return_log_probs=True``, ``logprobs=k``)."""
+    for kw in ("return_log_probs", "return_logprobs", "output_logprobs"):
+        if literal_bool(argument(sampling, None, kw)) is True:
+            return True
+    value = argument(sampling, None, "logprobs")
+    return value is not None and not (isinstance(value, cst.Name) and value.value in ("None", "False"))
+
+
+def _at(ctx: Analysis, node: cst.CSTNode) -> str:
+    line = _line(ctx, node)
+    return f" (line {line})" if line != "?" else ""
