@@ -99,17 +99,195 @@ class SamplerTrainerMismatch(Rule):
               "old log-probs recomputed by the trainer at the same temperature"),
         Valid("def rollout(model, tasks, cfg):\n"
               "    return sample_episodes(model, tasks, cfg.group_size, temperature=cfg.temperature)\n",
-              "rollout temperature from the config"),
+              "rollout temperature from the config", capability="C6", style="functional"),
         Valid("class Trainer:\n    def __init__(self):\n        self.temperature = 0.9\n"
               "    def rollout(self, prompts):\n        return self.llm.generate(prompts, temperature=self.temperature)\n"
               "    def loss(self, ids, old_logp):\n"
               "        logp = logprobs_from_logits(self.model(ids).logits[:, :-1] / self.temperature, ids[:, 1:])\n",
-              "same self attribute"),
+              "same self attribute", capability="C6", style="class"),
         Valid("params = SamplingParams(temperature=cfg.temperature)\nold_logprobs = rollout_logprobs\n"
-              "logits = model(ids).logits / cfg.temperature\n", "same config field"),
+              "logits = model(ids).logits / cfg.temperature\n", "same config field", capability="C6", style="script"),
         Valid("old_logp = batch['old_logp']\nlogits = model(ids).logits\n"
               "samples = torch.multinomial(torch.softmax(logits[:, -1] / 0.7, -1), 1)\n",
               "a sampler in view but the trainer's temperature is unknown"),
+        Valid('class GroupLearner:\n'
+              '    def __init__(self, policy, cfg):\n'
+              '        self.policy, self.cfg = policy, cfg\n'
+              '        self.gen = GenerationConfig(do_sample=True, temperature=cfg.rollout_temperature)\n'
+              '\n'
+              '    def token_logps(self, ids, n_resp):\n'
+              '        logits = self.policy(ids).logits[:, -n_resp - 1:-1] / self.cfg.rollout_temperature\n'
+              '        return selective_log_softmax(logits, ids[:, -n_resp:])\n'
+              '\n'
+              '    def step(self, batch):\n'
+              '        return torch.exp(self.token_logps(batch["ids"], batch["n"]) - batch["old_logp"])\n',
+              'same config field on both sides',
+              capability='C6', style='class'),
+        Valid('def build_sampler(cfg):\n'
+              '    return SamplingParams(temperature=cfg["rollout"]["temperature"], logprobs=0)\n'
+              '\n'
+              '\n'
+              'def actor_loss(actor, mb, cfg):\n'
+              '    logits = actor(input_ids=mb["input_ids"]).logits\n'
+              '    logits.div_(cfg["rollout"]["temperature"])\n'
+              '    logp = torch.log_softmax(logits[:, :-1].float(), dim=-1).gather(-1, mb["input_ids"][:, 1:, None])\n'
+              '    return -((logp - mb["rollout_log_probs"]).exp() * mb["advantages"]).mean()\n',
+              "logits divided in place by the sampler's key",
+              capability='C6', style='framework'),
+        Valid('def rollout(policy, prompts, tau):\n'
+              '    return policy.generate(prompts, do_sample=True, temperature=tau, output_scores=True)\n'
+              '\n'
+              '\n'
+              'def train_step(policy, opt, seqs, behaviour_logp, adv, tau):\n'
+              '    logits = policy(seqs, temperature=tau).logits\n'
+              '    lp = logits[:, :-1].log_softmax(-1).gather(-1, seqs[:, 1:, None]).squeeze(-1)\n'
+              '    loss = -(torch.exp(lp - behaviour_logp) * adv).mean()\n'
+              '    loss.backward()\n',
+              'the model wrapper takes the temperature',
+              capability='C6', style='functional'),
+        Valid('out = pi.generate(x, do_sample=True, temperature=args.temp, output_scores=True)\n'
+              'seq = out.sequences\n'
+              'z = pi(seq).logits[:, x.size(1) - 1:-1] / args.temp\n'
+              'lp = z.log_softmax(-1).gather(-1, seq[:, x.size(1):, None]).squeeze(-1)\n',
+              'both sides at args.temp',
+              capability='C6', style='script'),
+        Valid('def token_logprobs(logits, ids, temperature=1.0):\n'
+              '    lp = torch.log_softmax(logits[:, :-1] / temperature, dim=-1)\n'
+              '    return lp.gather(-1, ids[:, 1:, None]).squeeze(-1)\n'
+              '\n'
+              '\n'
+              'def score(model, batch, cfg):\n'
+              '    logits = model(batch["ids"]).logits\n'
+              '    return token_logprobs(logits, batch["ids"], cfg.sampling_temperature)\n',
+              "the temperature reaches the helper's temperature parameter",
+              capability='C6', style='functional'),
+        Valid('class Actor:\n'
+              '    def __init__(self, engine, cfg):\n'
+              '        self.engine = engine\n'
+              '        self.temperature = cfg.temperature\n'
+              '\n'
+              '    def recompute_logp(self, batch, temperature=None):\n'
+              '        logits = self.engine.forward(batch)\n'
+              '        t = temperature if temperature is not None else self.temperature\n'
+              '        return gather_logprobs(logits, batch["labels"], t)\n'
+              '\n'
+              '    def update(self, batch):\n'
+              '        return self.engine.train_batch(batch, loss_fn=partial(ppo_loss, temperature=self.temperature))\n',
+              "the fallback is the class's own temperature",
+              capability='C6', style='class'),
+        Valid('class Worker:\n'
+              '    def __init__(self, model, cfg):\n'
+              '        self.model, self.cfg = model, cfg\n'
+              '\n'
+              '    def _scale(self, logits):\n'
+              '        return logits.div_(self.cfg["generation"]["temperature"])\n'
+              '\n'
+              '    def train(self, mb, loss_fn):\n'
+              '        logits = self._scale(self.model(mb["input_ids"]).logits)\n'
+              '        loss, _ = loss_fn(logits, mb)\n'
+              '        loss.backward()\n'
+              '\n'
+              '    def old_logprobs(self, mb):\n'
+              '        with torch.no_grad():\n'
+              '            logits = self._scale(self.model(mb["input_ids"]).logits)\n'
+              '            lp = torch.log_softmax(logits.float(), dim=-1)\n'
+              '            return lp[:, :-1].gather(-1, mb["input_ids"][:, 1:, None]).squeeze(-1)\n',
+              'both paths scale through the same helper',
+              capability='C6', style='framework'),
+        Valid('class Worker:\n'
+              '    def __init__(self, model, cfg):\n'
+              '        self.model, self.cfg = model, cfg\n'
+              '\n'
+              '    def train(self, mb, loss_fn):\n'
+              '        logits = self.model(mb["input_ids"]).logits\n'
+              '        logits = logits / self.cfg["generation"]["temperature"]\n'
+              '        loss, _ = loss_fn(logits, mb)\n'
+              '        loss.backward()\n'
+              '\n'
+              '    def sft_step(self, mb, opt):\n'
+              '        logits = self.model(mb["input_ids"]).logits\n'
+              '        loss = F.cross_entropy(logits[:, :-1].flatten(0, 1), mb["input_ids"][:, 1:].flatten())\n'
+              '        loss.backward()\n',
+              'supervised cross-entropy on raw logits next to a temperature-scaled RL path',
+              capability='C6', style='class'),
+        Valid('from megatron.core.inference.config import InferenceConfig\n'
+              'from megatron.core.inference.sampling_params import SamplingParams\n'
+              '\n'
+              '\n'
+              'class Generator:\n'
+              '    def setup(self, cfg):\n'
+              '        self.icfg = InferenceConfig(max_tokens=cfg["max_tokens"], logprobs_mode="processed_logprobs")\n'
+              '\n'
+              '    def params(self, cfg):\n'
+              '        return SamplingParams(temperature=cfg["temperature"], return_log_probs=True)\n',
+              'processed log-probs requested',
+              capability='C12', style='class'),
+        Valid('from vllm import LLM, SamplingParams\n'
+              '\n'
+              '\n'
+              'def make_engine(cfg):\n'
+              '    return LLM(model=cfg.model_path, tensor_parallel_size=cfg.tp)\n'
+              '\n'
+              '\n'
+              'def sample_group(engine, prompts, cfg):\n'
+              '    sp = SamplingParams(temperature=1.0, n=cfg.group_size, logprobs=0)\n'
+              '    return engine.generate(prompts, sp)\n',
+              'sampling at temperature 1: raw and processed log-probs agree',
+              capability='C12', style='framework'),
+        Valid('import vllm\n'
+              '\n'
+              'eng = vllm.LLM(ckpt, enforce_eager=True)\n'
+              'sp = vllm.SamplingParams(temperature=0.7, max_tokens=512)\n'
+              'res = eng.generate(qs, sp)\n',
+              "the engine's log-probs are not requested",
+              capability='C12', style='script'),
+        Valid('res = eng.rollout(x, temperature=0.9)\n'
+              'old = res.token_logps.to(dev)\n'
+              'with torch.autocast("cuda", dtype=torch.bfloat16):\n'
+              '    out = net(input_ids=res.seqs)\n'
+              '    lp = F.log_softmax(out.logits[:, :-1], dim=-1).gather(2, res.seqs[:, 1:, None]).squeeze(-1)\n'
+              'r = torch.exp(lp - old)\n',
+              'log-softmax inside the autocast block',
+              capability='C12', style='script'),
+        Valid('def ppo_epoch(actor, sampler, prompts, opt):\n'
+              '    batch = sampler.generate_batch(prompts, temperature=0.8)\n'
+              '    behaviour = batch.logprobs\n'
+              '    with torch.autocast(device_type="cuda", dtype=torch.float16):\n'
+              '        out = actor(batch.ids, attention_mask=batch.mask)\n'
+              '    logp = torch.log_softmax(out.logits[:, :-1].float(), -1).gather(-1, batch.ids[:, 1:, None]).squeeze(-1)\n'
+              '    loss = -((logp - behaviour).exp() * batch.adv).mean()\n'
+              '    loss.backward()\n',
+              'logits upcast with .float() before the log-softmax',
+              capability='C12', style='functional'),
+        Valid('class PPO:\n'
+              '    def step(self, prompts):\n'
+              '        traj = self.engine.rollout(prompts, temperature=self.cfg.temperature)\n'
+              '        with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):\n'
+              '            res = self.actor(traj.ids)\n'
+              '        old_lp = (res.logits[:, :-1] / self.cfg.temperature).log_softmax(-1).gather(-1, traj.ids[:, 1:, None])\n'
+              '        with torch.autocast("cuda", dtype=torch.bfloat16):\n'
+              '            res = self.actor(traj.ids)\n'
+              '        new_lp = (res.logits[:, :-1] / self.cfg.temperature).log_softmax(-1).gather(-1, traj.ids[:, 1:, None])\n'
+              '        ratio = torch.exp(new_lp - old_lp)\n'
+              '        (-(ratio * traj.adv).mean()).backward()\n',
+              'old and new log-probs computed the same way by the trainer',
+              capability='C12', style='class'),
+        Valid('lp = torch.log_softmax(net(seq).logits[:, :-1] / args.temperature, -1).gather(-1, seq[:, 1:, None]).squeeze(-1)\n'
+              'ratio = torch.exp(lp - old)\n',
+              'the logits are divided before the log-softmax',
+              capability='C9', style='script'),
+        Valid('def token_logps(model, ids, temperature):\n'
+              '    full = model(ids).logits[:, :-1].log_softmax(-1)\n'
+              '    full = (full / temperature).log_softmax(-1)\n'
+              '    return full.gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1)\n',
+              'full-vocabulary log-probs renormalised by a second log-softmax',
+              capability='C9', style='functional'),
+        Valid('class Scorer:\n'
+              '    def logps(self, ids):\n'
+              '        dist = torch.distributions.Categorical(logits=self.policy(ids).logits[:, :-1] / self.temp)\n'
+              '        return dist.log_prob(ids[:, 1:])\n',
+              'the Categorical is built from divided logits',
+              capability='C9', style='class'),
     ]
     INVALID = [
         Invalid("SAMPLER_TEMP = 0.7\nTRAIN_TEMP = 1.0\n"
@@ -133,7 +311,7 @@ class SamplerTrainerMismatch(Rule):
                 "cfg = Config()\nbatch = rollout(policy, prompts, temperature=cfg.sample_temperature)\n"
                 "old_log_probs = batch['old_log_probs']\n"
                 "log_probs = token_log_probs(policy(batch['ids']) / cfg.temperature, batch['ids'])\n", line=8,
-                why="config-class defaults differ"),
+                why="config-class defaults differ", capability="C6", style="script"),
         Invalid("class Worker:\n    def __init__(self):\n        self.sample_temp = 0.5\n"
                 "    def step(self, ids, behavior_logp):\n"
                 "        out = self.actor.generate(ids, temperature=self.sample_temp)\n"
@@ -146,6 +324,171 @@ class SamplerTrainerMismatch(Rule):
                 "def loss(model, ids, sampler_logp):\n"
                 "    logp = model(ids)[:, :-1].log_softmax(-1).gather(-1, ids[:, 1:, None]).squeeze(-1)\n",
                 line=7, why="sampling function divides by 0.7, trainer does not"),
+        Invalid('class GroupLearner:\n'
+                '    def __init__(self, policy, cfg):\n'
+                '        self.policy = policy\n'
+                '        self.gen = GenerationConfig(do_sample=True, temperature=cfg.rollout_temperature)\n'
+                '\n'
+                '    def token_logps(self, ids, n_resp):\n'
+                '        logits = self.policy(ids).logits[:, -n_resp - 1:-1]\n'
+                '        return selective_log_softmax(logits, ids[:, -n_resp:])\n'
+                '\n'
+                '    def step(self, batch):\n'
+                '        logp = self.token_logps(batch["ids"], batch["n"])\n'
+                '        return torch.exp(logp - batch["old_logp"])\n',
+                line=8, why="generation config samples at a config field; the trainer's logits are never divided",
+                capability='C6', style='class'),
+        Invalid('def build_sampler(cfg):\n'
+                '    return SamplingParams(temperature=cfg["rollout"]["temperature"], logprobs=0)\n'
+                '\n'
+                '\n'
+                'def actor_loss(actor, mb):\n'
+                '    out = actor(input_ids=mb["input_ids"], attention_mask=mb["attention_mask"])\n'
+                '    logp = torch.log_softmax(out.logits[:, :-1].float(), dim=-1)\n'
+                '    logp = logp.gather(-1, mb["input_ids"][:, 1:, None]).squeeze(-1)\n'
+                '    ratio = (logp - mb["rollout_log_probs"]).exp()\n'
+                '    return -(ratio * mb["advantages"]).mean()\n',
+                line=8, why="sampler temperature under a dict key of the config; the actor's log-probs are taken at 1",
+                capability='C6', style='framework'),
+        Invalid('def rollout(policy, prompts, tau):\n'
+                '    return policy.generate(prompts, do_sample=True, temperature=tau, output_scores=True)\n'
+                '\n'
+                '\n'
+                'def train_step(policy, opt, seqs, behaviour_logp, adv):\n'
+                '    logits = policy(seqs).logits\n'
+                '    lp = logits[:, :-1].log_softmax(-1).gather(-1, seqs[:, 1:, None]).squeeze(-1)\n'
+                '    loss = -(torch.exp(lp - behaviour_logp) * adv).mean()\n'
+                '    loss.backward()\n'
+                '    opt.step()\n',
+                line=7, why='sampler temperature is a caller parameter; the trainer scores undivided logits',
+                capability='C6', style='functional'),
+        Invalid('out = pi.generate(x, do_sample=True, temperature=args.temp, output_scores=True)\n'
+                'seq = out.sequences\n'
+                'z = pi(seq).logits[:, x.size(1) - 1:-1]\n'
+                'lp = z.log_softmax(-1).gather(-1, seq[:, x.size(1):, None]).squeeze(-1)\n',
+                line=4, why='terse script: generate at args.temp, score at temperature 1',
+                capability='C6', style='script'),
+        Invalid('def token_logprobs(logits, ids, lengths=None):\n'
+                '    lp = torch.log_softmax(logits[:, :-1], dim=-1)\n'
+                '    return lp.gather(-1, ids[:, 1:, None]).squeeze(-1)\n'
+                '\n'
+                '\n'
+                'def score(model, batch, cfg):\n'
+                '    logits = model(batch["ids"]).logits\n'
+                '    return token_logprobs(logits, batch["ids"], cfg.sampling_temperature)\n',
+                line=3, why="the caller's temperature lands in the helper's `lengths` slot and is never applied",
+                capability='C6', style='functional'),
+        Invalid('class Actor:\n'
+                '    def __init__(self, engine, cfg):\n'
+                '        self.engine = engine\n'
+                '        self.temperature = cfg.temperature\n'
+                '\n'
+                '    def recompute_logp(self, batch, temperature=None):\n'
+                '        logits = self.engine.forward(batch)\n'
+                '        return gather_logprobs(logits, batch["labels"], temperature or 1.0)\n'
+                '\n'
+                '    def update(self, batch):\n'
+                '        return self.engine.train_batch(batch, loss_fn=partial(ppo_loss, temperature=self.temperature))\n',
+                line=8, why='optional temperature falls back to 1 while the class trains at self.temperature',
+                capability='C6', style='class'),
+        Invalid('class Worker:\n'
+                '    def __init__(self, model, cfg):\n'
+                '        self.model, self.cfg = model, cfg\n'
+                '\n'
+                '    def train(self, mb, loss_fn):\n'
+                '        logits = self.model(mb["input_ids"]).logits\n'
+                '        logits = logits / self.cfg["generation"]["temperature"]\n'
+                '        loss, _ = loss_fn(logits, mb)\n'
+                '        loss.backward()\n'
+                '\n'
+                '    def old_logprobs(self, mb):\n'
+                '        with torch.no_grad():\n'
+                '            logits = self.model(mb["input_ids"]).logits\n'
+                '            lp = torch.log_softmax(logits.float(), dim=-1)\n'
+                '            return lp[:, :-1].gather(-1, mb["input_ids"][:, 1:, None]).squeeze(-1)\n',
+                line=15, why='train divides by the generation temperature, the old-logp recompute does not',
+                capability='C6', style='framework'),
+        Invalid('from megatron.core.inference.config import InferenceConfig\n'
+                'from megatron.core.inference.sampling_params import SamplingParams\n'
+                '\n'
+                '\n'
+                'class Generator:\n'
+                '    def setup(self, cfg):\n'
+                '        self.icfg = InferenceConfig(max_tokens=cfg["max_tokens"], block_size_tokens=256)\n'
+                '\n'
+                '    def params(self, cfg):\n'
+                '        return SamplingParams(temperature=cfg["temperature"], return_log_probs=True)\n',
+                line=7, why='megatron-core InferenceConfig without processed log-probs, sampling at a config temperature',
+                capability='C12', style='class'),
+        Invalid('from vllm import LLM, SamplingParams\n'
+                '\n'
+                '\n'
+                'def make_engine(cfg):\n'
+                '    return LLM(model=cfg.model_path, tensor_parallel_size=cfg.tp, gpu_memory_utilization=0.5)\n'
+                '\n'
+                '\n'
+                'def sample_group(engine, prompts, cfg):\n'
+                '    sp = SamplingParams(temperature=cfg.temperature, n=cfg.group_size, logprobs=0)\n'
+                '    outs = engine.generate(prompts, sp)\n'
+                '    return [{"text": c.text, "rollout_logp": [d[t].logprob for t, d in zip(c.token_ids, c.logprobs)]}\n'
+                '            for o in outs for c in o.outputs]\n',
+                line=5, why='vLLM engine built without logprobs_mode while its log-probs become rollout log-probs',
+                capability='C12', style='framework'),
+        Invalid('import vllm\n'
+                '\n'
+                'eng = vllm.LLM(ckpt, enforce_eager=True)\n'
+                'sp = vllm.SamplingParams(temperature=0.7, max_tokens=512, logprobs=1)\n'
+                'res = eng.generate(qs, sp)\n',
+                line=3, why='vLLM at 0.7 with raw log-probs',
+                capability='C12', style='script'),
+        Invalid('res = eng.rollout(x, temperature=0.9)\n'
+                'old = res.token_logps.to(dev)\n'
+                'with torch.autocast("cuda", dtype=torch.bfloat16):\n'
+                '    out = net(input_ids=res.seqs)\n'
+                'lp = F.log_softmax(out.logits[:, :-1], dim=-1).gather(2, res.seqs[:, 1:, None]).squeeze(-1)\n'
+                'r = torch.exp(lp - old)\n',
+                line=5, why='log-softmax of bf16 logits after the autocast block, compared with sampler log-probs',
+                capability='C12', style='script'),
+        Invalid('def ppo_epoch(actor, sampler, prompts, opt, amp):\n'
+                '    batch = sampler.generate_batch(prompts, temperature=0.8)\n'
+                '    behaviour = batch.logprobs\n'
+                '    with torch.autocast(device_type="cuda", dtype=torch.float16):\n'
+                '        out = actor(batch.ids, attention_mask=batch.mask)\n'
+                '    logp = torch.log_softmax(out.logits[:, :-1], -1).gather(-1, batch.ids[:, 1:, None]).squeeze(-1)\n'
+                '    log_ratio = logp - behaviour\n'
+                '    loss = -(log_ratio.exp() * batch.adv).mean()\n'
+                '    loss.backward()\n',
+                line=6, why='fp16 autocast forward, log-softmax outside, behaviour log-probs from the sampler',
+                capability='C12', style='functional'),
+        Invalid('class PPO:\n'
+                '    def step(self, prompts):\n'
+                '        traj = self.engine.rollout(prompts, temperature=self.cfg.temperature)\n'
+                '        old_lp = traj.logps\n'
+                '        with torch.autocast("cuda", dtype=torch.bfloat16):\n'
+                '            res = self.actor(traj.ids)\n'
+                '        new_lp = (res.logits[:, :-1] / self.cfg.temperature).log_softmax(-1).gather(-1, traj.ids[:, 1:, None])\n'
+                '        ratio = torch.exp(new_lp - old_lp)\n'
+                '        (-(ratio * traj.adv).mean()).backward()\n',
+                line=7, why="class trainer: log-softmax outside autocast against the engine's log-probs",
+                capability='C12', style='class'),
+        Invalid('lp = torch.log_softmax(net(seq).logits[:, :-1], -1).gather(-1, seq[:, 1:, None]).squeeze(-1)\n'
+                'lp = lp / args.temperature\n'
+                'ratio = torch.exp(lp - old)\n',
+                line=2, why='terse script: gathered log-probs divided by the temperature',
+                capability='C9', style='script'),
+        Invalid('def token_logps(model, ids, temperature):\n'
+                '    logp = model(ids).logits[:, :-1].log_softmax(-1)\n'
+                '    tok = logp.gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1)\n'
+                '    tok /= temperature\n'
+                '    return tok\n',
+                line=4, why='in-place division of gathered token log-probs',
+                capability='C9', style='functional'),
+        Invalid('class Scorer:\n'
+                '    def logps(self, ids):\n'
+                '        dist = torch.distributions.Categorical(logits=self.policy(ids).logits[:, :-1])\n'
+                '        return dist.log_prob(ids[:, 1:]) / self.temp\n',
+                line=4, why="a Categorical's log_prob divided by the temperature",
+                capability='C9', style='class'),
     ]
 
     def check(self, ctx: Analysis) -> Iterator[Violation]:
@@ -173,6 +516,7 @@ class SamplerTrainerMismatch(Rule):
         yield from _fallback(ctx, reported)
         yield from _autocast(ctx, samplers, reported)
         yield from _engine_logprobs_mode(ctx)
+        yield from _logp_divided(ctx)
         known = [(c, e, v) for c, e, v in sampler_temps if v is not None]
         if not known or not _old_logp_from_sampler(ctx):
             return
@@ -549,7 +893,9 @@ def _model_role(ctx: Analysis, expr: cst.BaseExpression, depth: int = 10):
                     # an attribute swapped with the reference in a context manager: the name called is the policy's
                     ref = dataclasses.replace(ref, role="model")
                 return ref
-            if isinstance(expr.func, cst.Attribute):
+            if ctx.is_module_function(expr) and expr.args:  # torch.log_softmax(x, -1)
+                expr = expr.args[0].value
+            elif isinstance(expr.func, cst.Attribute):
                 expr = expr.func.value
             elif expr.args:
                 expr = expr.args[0].value
@@ -891,7 +1237,7 @@ def _autocast(ctx: Analysis, samplers: set[int], reported: set[int]):
     come from the sampler: the ratio is not 1 before any step."""
     for site in ctx.nodes(cst.Call):
         func = ctx.enclosing_function(site)
-        if id(site) in reported or func is None or id(func) in samplers or EVAL_NAME.fullmatch(func.name.value):
+        if id(site) in reported or func is not None and (id(func) in samplers or EVAL_NAME.fullmatch(func.name.value)):
             continue
         found = gather_site(ctx, site)
         logits = found.logits if found is not None else None
@@ -926,6 +1272,8 @@ def _model_call_of(ctx: Analysis, expr: cst.BaseExpression, depth: int = 10) -> 
         depth -= 1
         if isinstance(expr, cst.Subscript):
             expr = expr.value
+        elif isinstance(expr, cst.BinaryOperation) and isinstance(expr.operator, cst.Divide):
+            expr = expr.left
         elif isinstance(expr, cst.Call):
             if _is_model_call(ctx, expr):
                 return expr
@@ -1031,3 +1379,56 @@ def _reads_logprobs(ctx: Analysis, sampling: cst.Call) -> bool:
 def _at(ctx: Analysis, node: cst.CSTNode) -> str:
     line = _line(ctx, node)
     return f" (line {line})" if line != "?" else ""
+
+
+def _gathered_logp(ctx: Analysis, expr: cst.BaseExpression, depth: int = 4) -> bool:
+    """``expr`` holds per-token log-probs gathered from a log-softmax (not a full distribution)."""
+    while depth > 0 and expr is not None:
+        depth -= 1
+        if isinstance(expr, cst.Call):
+            if isinstance(expr.func, cst.Attribute) and expr.func.attr.value in ("squeeze", "float", "to") \
+                    and not ctx.is_module_function(expr):
+                expr = expr.func.value
+                continue
+            site = gather_site(ctx, expr)
+            if site is None or site.logits is None:
+                return False
+            if site.kind == "gather":
+                source = site.logits
+                if isinstance(source, cst.Name):
+                    defs = _plain_reaching(ctx, source.value, source)
+                    source = defs[0].value if len(defs) == 1 else None
+                return source is not None and "log_softmax" in ctx.code(source)
+            return site.kind == "categorical"
+        if isinstance(expr, cst.Name):
+            defs = ctx.flow.reaching(expr.value, expr)
+            if len(defs) != 1 or defs[0].kind != "assign" or defs[0].value is None or defs[0].element is not None:
+                return False
+            expr = defs[0].value
+        else:
+            return False
+    return False
+
+
+def _logp_divided(ctx: Analysis):
+    """``token_logp / T`` (or ``/= T``): a temperature applied to gathered log-probs instead of to the logits
+    before the softmax; the result is not a log-distribution of any temperature."""
+    for node in ctx.nodes(cst.BinaryOperation, cst.AugAssign):
+        if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Divide):
+            left, divisor = node.left, node.right
+        elif isinstance(node, cst.AugAssign) and isinstance(node.operator, cst.DivideAssign):
+            left, divisor = node.target, node.value
+        else:
+            continue
+        if not temperature_expr(divisor) or _resolve(ctx, divisor) == 1.0:
+            continue
+        if isinstance(left, cst.Name) and isinstance(node, cst.AugAssign):
+            defs = [d for d in ctx.flow.reaching(left.value, node) if d.stmt is not node]
+            ok = len(defs) == 1 and defs[0].kind == "assign" and defs[0].value is not None \
+                and _gathered_logp(ctx, defs[0].value)
+        else:
+            ok = _gathered_logp(ctx, left)
+        if ok:
+            yield Violation(node, f"the temperature `{ctx.code(divisor)}` divides log-probs already gathered from a "
+                                  "log-softmax; that is not the log-prob of any temperature. Divide the logits "
+                                  "before the log-softmax")
