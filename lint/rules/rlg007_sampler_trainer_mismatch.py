@@ -51,6 +51,42 @@ class SamplerTrainerMismatch(Rule):
     such as `old_logp`, `sampler_logp`, `rollout_log_probs` is read and not recomputed from the model in this
     module). Sampling for evaluation (`evaluate`, `greedy`, `do_sample=False`) is ignored.
 
+    When the temperatures are configured rather than literal:
+
+    - the sampler's temperature is a symbol (`SamplingParams(temperature=cfg["rollout"]["temperature"])`,
+      `GenerationConfig(temperature=args.temperature)`, a caller's parameter) and the trainer scores the
+      policy's logits undivided, in a module that applies no temperature to logits anywhere (no division by a
+      temperature, no `temperature=` handed to a model wrapper or log-prob helper, no logits warper), and the
+      module uses the sampler's log-probs or scores (an old-logp value, `output_scores=True`, `logprobs=`);
+    - one method divides a model's logits by a temperature symbol (`logits.div_(cfg["generation"]["temperature"])`)
+      while another method of the same class scores the same model's logits undivided and applies no
+      temperature at all (the old log-probs recomputed at temperature 1, or the training loss at temperature 1);
+      logits handed to an opaque loss callable (`loss, m = loss_fn(logits, mb)`, then `.backward()`) count as
+      scored;
+    - a caller passes a temperature positionally into a log-prob helper's parameter that is not one (the
+      helper's `cu_seqlens` slot), and the helper never divides its logits;
+    - a method computes log-probs at an optional temperature parameter that falls back to 1
+      (`temperature or 1.0`, default `None`) that no call in the module passes, while its class holds the
+      configured temperature (`self.temperature`) and trains with it.
+
+    Library and runtime semantics visible in the module:
+
+    - an inference engine configured without asking for processed log-probs (megatron-core `InferenceConfig`,
+      vLLM `LLM` / `EngineArgs` / `AsyncEngineArgs` without `logprobs_mode="processed_logprobs"`: their
+      log-probs are taken before temperature and top-p), while the module samples at a temperature that is not
+      provably 1 and asks for the engine's log-probs;
+    - the trainer's forward runs under `torch.autocast`, but its log-softmax is taken after the block on the
+      half-precision logits (no `.float()`), while the old log-probs it is compared with in `exp(new - old)`
+      come from the sampler;
+    - a temperature applied to log-probs already gathered from a log-softmax (`token_logp / T`,
+      `token_logp /= T`): the result is no temperature's log-probs.
+
+    What the source cannot show is left to the runtime checks: an engine's log-prob mode set by an
+    environment variable or a version default (vLLM V0 returned processed log-probs, V1 raw ones), a
+    temperature applied inside another file's model wrapper, or a precision that differs only at run time.
+    The `SamplerConsistent` contract (trainer log-probs equal the sampler's on the sampled tokens at the first
+    minibatch of an update) and the preflight checks `sampler_logp` and `ratio_one` catch those.
+
     ## Why it is wrong
     PPO's ratio `exp(logp - old_logp)` assumes both log-probs are of the same distribution before the first
     step. With another temperature the ratio is far from 1 on every token (`logp_gap` well above 1e-4),
@@ -1007,7 +1043,18 @@ def _symbol(ctx: Analysis, expr: cst.BaseExpression) -> bool:
     """A temperature that is configured rather than literal: a config field, attribute, key or parameter."""
     if isinstance(expr, cst.IfExp):  # ``cfg.temperature if not greedy else 0``
         return _symbol(ctx, expr.body) or _symbol(ctx, expr.orelse)
+    if isinstance(expr, cst.Name):
+        # a local bound to literals (``t = 0.7 if mode else 1.0``) has known values, one of which may be 1
+        for d in ctx.flow.reaching(expr.value, expr):
+            if d.kind in ("assign", "aug") and d.value is not None and _literal_choice(ctx, d.value):
+                return False
     return isinstance(expr, (cst.Name, cst.Attribute, cst.Subscript)) and temperature_expr(expr)
+
+
+def _literal_choice(ctx: Analysis, expr: cst.BaseExpression) -> bool:
+    if isinstance(expr, cst.IfExp):
+        return _literal_choice(ctx, expr.body) or _literal_choice(ctx, expr.orelse)
+    return _resolve(ctx, expr, 0) is not None
 
 
 def _sibling(ctx: Analysis, samplers: set[int], reported: set[int]):
