@@ -78,6 +78,9 @@ class SamplerTrainerMismatch(Rule):
     - the trainer's forward runs under `torch.autocast`, but its log-softmax is taken after the block on the
       half-precision logits (no `.float()`), while the old log-probs it is compared with in `exp(new - old)`
       come from the sampler;
+    - logits divided by the temperature only under `isinstance(fn, (LogprobsHead, ...))`, for consumers that
+      compute log-probs, while a consumer of another type in a sibling branch hands the same logits to a loss
+      callable unscaled;
     - a temperature applied to log-probs already gathered from a log-softmax (`token_logp / T`,
       `token_logp /= T`): the result is no temperature's log-probs.
 
@@ -324,6 +327,31 @@ class SamplerTrainerMismatch(Rule):
               '        return dist.log_prob(ids[:, 1:])\n',
               'the Categorical is built from divided logits',
               capability='C9', style='class'),
+        Valid('def scale(logits, cfg):\n'
+              '    return logits.div_(cfg["sampling"]["temperature"])\n'
+              '\n'
+              '\n'
+              'class TokenLogprobs:\n'
+              '    def __call__(self, logits, ids):\n'
+              '        return torch.log_softmax(logits[:, :-1], -1).gather(-1, ids[:, 1:, None]).squeeze(-1)\n'
+              '\n'
+              '\n'
+              'class PolicyLoss:\n'
+              '    def __init__(self, loss_fn):\n'
+              '        self.loss_fn = loss_fn\n'
+              '\n'
+              '    def __call__(self, logits, batch):\n'
+              '        return self.loss_fn(logits, batch)\n'
+              '\n'
+              '\n'
+              'def run_head(model, head, batch, cfg):\n'
+              '    logits = model(batch["ids"]).logits\n'
+              '    if isinstance(head, (TokenLogprobs, PolicyLoss)):\n'
+              '        logits = scale(logits, cfg)\n'
+              '    if isinstance(head, PolicyLoss):\n'
+              '        return head(logits, batch)\n'
+              '    return head(logits, batch["ids"])\n',
+              "the temperature is applied for the loss consumer too", style="functional"),
     ]
     INVALID = [
         Invalid("SAMPLER_TEMP = 0.7\nTRAIN_TEMP = 1.0\n"
@@ -525,6 +553,32 @@ class SamplerTrainerMismatch(Rule):
                 '        return dist.log_prob(ids[:, 1:]) / self.temp\n',
                 line=4, why="a Categorical's log_prob divided by the temperature",
                 capability='C9', style='class'),
+        Invalid('def scale(logits, cfg):\n'
+                '    return logits.div_(cfg["sampling"]["temperature"])\n'
+                '\n'
+                '\n'
+                'class TokenLogprobs:\n'
+                '    def __call__(self, logits, ids):\n'
+                '        return torch.log_softmax(logits[:, :-1], -1).gather(-1, ids[:, 1:, None]).squeeze(-1)\n'
+                '\n'
+                '\n'
+                'class PolicyLoss:\n'
+                '    def __init__(self, loss_fn):\n'
+                '        self.loss_fn = loss_fn\n'
+                '\n'
+                '    def __call__(self, logits, batch):\n'
+                '        return self.loss_fn(logits, batch)\n'
+                '\n'
+                '\n'
+                'def run_head(model, head, batch, cfg):\n'
+                '    logits = model(batch["ids"]).logits\n'
+                '    if isinstance(head, TokenLogprobs):\n'
+                '        logits = scale(logits, cfg)\n'
+                '    if isinstance(head, PolicyLoss):\n'
+                '        return head(logits, batch)\n'
+                '    return head(logits, batch["ids"])\n',
+                line=23, why="logits scaled only for the log-prob consumer; the loss branch gets them raw",
+                style="functional"),
     ]
 
     def check(self, ctx: Analysis) -> Iterator[Violation]:
@@ -553,6 +607,7 @@ class SamplerTrainerMismatch(Rule):
         yield from _autocast(ctx, samplers, reported)
         yield from _engine_logprobs_mode(ctx)
         yield from _logp_divided(ctx)
+        yield from _guarded_scaling(ctx, reported)
         known = [(c, e, v) for c, e, v in sampler_temps if v is not None]
         if not known or not _old_logp_from_sampler(ctx):
             return
@@ -1479,3 +1534,114 @@ def _logp_divided(ctx: Analysis):
             yield Violation(node, f"the temperature `{ctx.code(divisor)}` divides log-probs already gathered from a "
                                   "log-softmax; that is not the log-prob of any temperature. Divide the logits "
                                   "before the log-softmax")
+
+
+def _isinstance_guard(test: cst.BaseExpression) -> tuple[str, frozenset] | None:
+    """``isinstance(v, A)`` / ``isinstance(v, (A, B))``: (``v``, {``A``, ``B``})."""
+    if not (isinstance(test, cst.Call) and isinstance(test.func, cst.Name) and test.func.value == "isinstance"
+            and len(test.args) == 2 and isinstance(test.args[0].value, cst.Name)):
+        return None
+    kinds = test.args[1].value
+    elements = [e.value for e in kinds.elements] if isinstance(kinds, cst.Tuple) else [kinds]
+    if not all(isinstance(e, cst.Name) for e in elements):
+        return None
+    return test.args[0].value.value, frozenset(e.value for e in elements)
+
+
+def _guard_of(ctx: Analysis, node: cst.CSTNode) -> tuple[str, frozenset] | None:
+    """The isinstance test of the innermost ``if`` / ``elif`` branch ``node`` sits in (not its ``else``)."""
+    for anc in ctx.ancestors(node):
+        if isinstance(anc, (cst.FunctionDef, cst.ClassDef)):
+            return None
+        if isinstance(anc, cst.If) and ctx.contains(anc.body, node):
+            return _isinstance_guard(anc.test)
+    return None
+
+
+def _class_method(ctx: Analysis, name: str, method: str) -> cst.FunctionDef | None:
+    cls = ctx.class_named(name)
+    return ctx.method_of(cls, method) if cls is not None else None
+
+
+def _scores_logprobs(ctx: Analysis, func: cst.FunctionDef) -> bool:
+    """``func`` gathers token log-probs from a log-softmax, or hands its logits to a log-prob helper."""
+    if any(ctx.enclosing_function(site.node) is func and site.kind == "gather" and site.logits is not None
+           for site in _gather_sites(ctx)):
+        return True
+    for call in ctx.nodes(cst.Call):
+        if ctx.enclosing_function(call) is func and LOGP_CALL.fullmatch(_callee_name(call) or "") and call.args:
+            first = call.args[0].value
+            while isinstance(first, cst.Call) and isinstance(first.func, cst.Attribute):
+                first = first.func.value  # logits.to(torch.float32)
+            if isinstance(first, cst.Name) and first.value == "logits":
+                return True
+    return False
+
+
+def _gather_sites(ctx: Analysis):
+    from rlguard.lint.analysis.alignment import gather_sites
+
+    return gather_sites(ctx)
+
+
+def _hands_logits_to_loss(ctx: Analysis, func: cst.FunctionDef) -> bool:
+    """``func`` passes its ``logits`` parameter to a callable held by the object (``self.loss_fn``) and returns
+    what it computes: a loss over the logits."""
+    params = [p.name.value for p in func.params.params]
+    if "logits" not in params:
+        return False
+    for call in ctx.nodes(cst.Call):
+        if ctx.enclosing_function(call) is not func or not call.args:
+            continue
+        first = call.args[0].value
+        if not (isinstance(first, cst.Name) and first.value == "logits"):
+            continue
+        callee = dotted_name(call.func) or ""
+        held = callee.startswith("self.") or any(
+            d.kind == "assign" and d.value is not None and (dotted_name(d.value) or "").startswith("self.")
+            for d in ctx.flow.reaching(callee, call)) if callee else False
+        if held and "loss" in callee.lower() and ctx.callee(call) is None:
+            return True
+    return False
+
+
+def _guarded_scaling(ctx: Analysis, reported: set[int]):
+    """Logits are scaled by the temperature only under ``isinstance(fn, (A, B))``, for consumers that compute
+    log-probs, while a consumer of another type in a sibling branch computes the training loss from the same
+    logits: the loss and the old log-probs are of different temperatures."""
+    for stmt in ctx.nodes(cst.Assign, cst.Expr):
+        value = stmt.value
+        if not isinstance(value, cst.Call):
+            continue
+        helper = ctx.callee(value)
+        if helper is None or not applies_temperature(ctx, helper, depth=1) or not value.args:
+            continue
+        scaled = value.args[0].value
+        if not isinstance(scaled, cst.Name):
+            continue
+        guard = _guard_of(ctx, stmt)
+        if guard is None:
+            continue
+        var, kinds = guard
+        if not any(_scores_logprobs(ctx, m) for k in kinds for m in [_class_method(ctx, k, "__call__")] if m):
+            continue
+        func = ctx.enclosing_function(stmt)
+        for call in ctx.nodes(cst.Call):
+            if ctx.enclosing_function(call) is not func or id(call) in reported:
+                continue
+            if not (isinstance(call.func, cst.Name) and call.func.value == var):
+                continue
+            if not any(isinstance(a.value, cst.Name) and a.value.value == scaled.value for a in call.args):
+                continue
+            other = _guard_of(ctx, call)
+            if other is None or other[0] != var or other[1] & kinds:
+                continue
+            if not any(_hands_logits_to_loss(ctx, m) for k in other[1]
+                       for m in [_class_method(ctx, k, "__call__")] if m):
+                continue
+            reported.add(id(call))
+            yield Violation(call, f"the logits are divided by the temperature only for "
+                                  f"{', '.join(sorted(kinds))} (log-probs), but this "
+                                  f"{', '.join(sorted(other[1]))} computes the training loss from the same logits "
+                                  "unscaled: the loss and the old log-probs are of different temperatures; "
+                                  "scale the logits for the loss too")
