@@ -352,6 +352,15 @@ class SamplerTrainerMismatch(Rule):
               '        return head(logits, batch)\n'
               '    return head(logits, batch["ids"])\n',
               "the temperature is applied for the loss consumer too", style="functional"),
+        Valid('def token_logprobs(logits, ids, scale):\n'
+              '    logits.div_(scale)\n'
+              '    return torch.log_softmax(logits[:, :-1], dim=-1).gather(-1, ids[:, 1:, None]).squeeze(-1)\n'
+              '\n'
+              '\n'
+              'def score(model, batch, cfg):\n'
+              '    return token_logprobs(model(batch["ids"]).logits, batch["ids"], cfg.sampling_temperature)\n',
+              "the helper divides by its own name for the temperature",
+              capability="C6", style="functional"),
     ]
     INVALID = [
         Invalid("SAMPLER_TEMP = 0.7\nTRAIN_TEMP = 1.0\n"
@@ -1183,7 +1192,7 @@ def _misplaced(ctx: Analysis, samplers: set[int], reported: set[int]):
         if func is None or id(func) in samplers or applies_temperature(ctx, func, depth=0):
             continue
         for param, (value, _frame) in bind_arguments(func, call, None):
-            if not _symbol(ctx, value) or TEMPERATURE_WORD.fullmatch(param):
+            if not _symbol(ctx, value) or TEMPERATURE_WORD.fullmatch(param) or _reads(ctx, func, param):
                 continue
             for site in _helper_sites(ctx, func):
                 if id(site) in reported:
@@ -1193,6 +1202,11 @@ def _misplaced(ctx: Analysis, samplers: set[int], reported: set[int]):
                                       f"{_at(ctx, call)} passes `{ctx.code(value)}` into the parameter "
                                       f"`{param}`, which is not one: the sampling temperature is dropped. Add a "
                                       "temperature parameter and divide the logits by it")
+
+
+def _reads(ctx: Analysis, func: cst.FunctionDef, name: str) -> bool:
+    """Does ``func``'s body read ``name`` at all (a parameter it could apply in any way)?"""
+    return any(n.value == name and ctx.contains(func.body, n) for n in ctx.nodes(cst.Name))
 
 
 def _fallback_param(ctx: Analysis, expr: cst.BaseExpression) -> str | None:
