@@ -36,7 +36,7 @@ class SamplerTrainerMismatch(Rule):
     Old (behaviour) log-probs that come from a sampler whose distribution differs from the one the trainer
     scores, where both temperatures are visible in the module:
 
-    - the sampler runs at one temperature (`generate(..., temperature=0.7)`,
+    - the sampler runs at one temperature (`generate(..., temperature=0.7)`, `Categorical(logits=z / 0.7).sample()`,
       `sample(..., temperature=SAMPLER_TEMP)`, `SamplingParams(temperature=...)`, or `logits / 0.7` inside a
       sampling function) and the trainer's log-probs divide the logits by another (`logits / TRAIN_TEMP`),
       with literal values or names bound to different literals (module constants, `self.` attributes,
@@ -120,7 +120,7 @@ class SamplerTrainerMismatch(Rule):
     """
 
     code = "RLG007"
-    triggers = (r"temperature|\btemp\b|multinomial|autocast",
+    triggers = (r"temperature|\btemp\b|multinomial|autocast|Categorical",
                 r"log_?probs?|logps?\b|_logp|gather|log_softmax|cross_entropy|def \w*(?:rollout|collect)")
 
     VALID = [
@@ -361,6 +361,17 @@ class SamplerTrainerMismatch(Rule):
               '    return token_logprobs(model(batch["ids"]).logits, batch["ids"], cfg.sampling_temperature)\n',
               "the helper divides by its own name for the temperature",
               capability="C6", style="functional"),
+        Valid('class Agent:\n'
+              '    def act(self, obs):\n'
+              '        logits = self.policy(obs).logits[:, -1]\n'
+              '        return torch.distributions.Categorical(logits=logits / 0.8).sample()\n'
+              '\n'
+              '    def update(self, obs, acts, old_logp, adv):\n'
+              '        dist = torch.distributions.Categorical(logits=self.policy(obs).logits[:, -1] / 0.8)\n'
+              '        ratio = torch.exp(dist.log_prob(acts) - old_logp)\n'
+              '        (-(ratio * adv).mean()).backward()\n',
+              "both distributions built from logits divided by 0.8",
+              capability="C12", style="class"),
     ]
     INVALID = [
         Invalid("SAMPLER_TEMP = 0.7\nTRAIN_TEMP = 1.0\n"
@@ -588,6 +599,17 @@ class SamplerTrainerMismatch(Rule):
                 '    return head(logits, batch["ids"])\n',
                 line=23, why="logits scaled only for the log-prob consumer; the loss branch gets them raw",
                 style="functional"),
+        Invalid('class Agent:\n'
+                '    def act(self, obs):\n'
+                '        logits = self.policy(obs).logits[:, -1]\n'
+                '        return torch.distributions.Categorical(logits=logits / 0.8).sample()\n'
+                '\n'
+                '    def update(self, obs, acts, old_logp, adv):\n'
+                '        dist = torch.distributions.Categorical(logits=self.policy(obs).logits[:, -1])\n'
+                '        ratio = torch.exp(dist.log_prob(acts) - old_logp)\n'
+                '        (-(ratio * adv).mean()).backward()\n',
+                line=8, why="actions sampled from Categorical(logits / 0.8), trained on the raw Categorical",
+                capability="C12", style="class"),
     ]
 
     def check(self, ctx: Analysis) -> Iterator[Violation]:
@@ -663,11 +685,21 @@ def _sampler_functions(ctx: Analysis) -> set[int]:
     for call in ctx.nodes(cst.Call):
         name = ctx.call_name(call) or ""
         callee = _callee_name(call) or ""
-        if name in SAMPLING_OPS or callee == "multinomial":
+        if name in SAMPLING_OPS or callee == "multinomial" or callee == "sample" and _categorical(ctx, call):
             func = ctx.enclosing_function(call)
             if func is not None:
                 found.add(id(func))
     return found
+
+
+def _categorical(ctx: Analysis, call: cst.Call) -> bool:
+    """``Categorical(logits=...).sample()`` or ``dist.sample()`` with ``dist = Categorical(...)``."""
+    receiver = call.func.value if isinstance(call.func, cst.Attribute) else None
+    if isinstance(receiver, cst.Name):
+        defs = _plain_reaching(ctx, receiver.value, receiver)
+        receiver = defs[0].value if len(defs) == 1 else None
+    return isinstance(receiver, cst.Call) and (ctx.call_name(receiver) or _callee_name(receiver) or "").endswith(
+        "Categorical")
 
 
 def _is_eval(ctx: Analysis, call: cst.Call) -> bool:
