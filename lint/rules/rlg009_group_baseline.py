@@ -10,7 +10,10 @@ import libcst as cst
 
 from rlguard.lint.analysis import Analysis, dotted_name
 from rlguard.lint.analysis import semantics as S
+from rlguard.lint.analysis.grad import call_sites
+from rlguard.lint.analysis.groups import INTERLEAVED, batch_axis_source, double_strided, layout_in_scope
 from rlguard.lint.analysis.index import key_of, children
+from rlguard.lint.analysis.labels import branch_label, population
 from rlguard.lint.rule import Invalid, Rule, Valid, Violation
 
 # Names of a group size (samples per prompt). Plain `samples`, `rollouts`, `k` are not: they name lists and indices.
@@ -18,6 +21,9 @@ GROUP_NAME = re.compile(
     r"(?i)(num_|n_|k_)?(group_?size|groups?_?len|generations(_per_prompt)?|samples_per_(prompt|group|query)|"
     r"num_samples|n_samples|rollouts?_per_prompt|responses_per_prompt|completions_per_prompt|return_sequences|"
     r"num_return_sequences|rloo_k|repeat_times|n_rollouts|num_rollouts)|rollout_n|(?-i:G)")
+# A group structure named (for "is there grouping in view" only, never for which axis is the group's): a group
+# count or a group size spelled either way.
+GROUP_STRUCTURE = re.compile(r"(?i)(num_|n_)?groups?_?(num|count|size|len)|(num_|n_)groups")
 STAT_METHODS = frozenset({"mean", "std", "var", "nanmean"})
 VIEW_METHODS = frozenset({"view", "reshape"})
 
@@ -77,7 +83,7 @@ class GroupBaseline(Rule):
     triggers = (r"(?:mean|std|var)\(",
                 r"(?i)group_?size|generations|samples_per|num_samples|n_samples|rollouts?_per|responses_per|"
                 r"completions_per|return_sequences|rloo_k|repeat_times|rollout_n|n_rollouts|num_rollouts|"
-                r"repeat_interleave|\bg\b")
+                r"repeat_interleave|\bg\b|groups?_?(?:num|count|len)|n(?:um)?_groups")
 
     VALID = [
         Valid("def adv(rewards, G):\n    grouped = rewards.view(-1, G)\n"
@@ -157,7 +163,13 @@ class GroupBaseline(Rule):
         for op in ctx.nodes(cst.BinaryOperation):
             if not isinstance(op.operator, cst.Subtract):
                 continue
-            mean_call = groups.whole_mean(op.right)
+            # 0. precedence: x - x.mean() / x.std() divides the mean, not the centred values (C9)
+            if _precedence_slip(ctx, op):
+                yield Violation(op, "`x - x.mean() / x.std()` subtracts the mean divided by the std (operator "
+                                    "precedence): the values are neither centred nor scaled; write (x - x.mean()) / "
+                                    "(x.std() + eps)")
+                continue
+            mean_call = groups.whole_mean(op.right) or groups.batch_axis_mean(op.right)
             if mean_call is None:
                 continue
             source = _mean_source(ctx, mean_call)
@@ -165,11 +177,29 @@ class GroupBaseline(Rule):
                 continue
             if _in_loop(ctx, op) or groups.group_named(source) or groups.one_group_function(op):
                 continue
+            label = _population_label(ctx, op)
+            if label == "batch":
+                continue  # a branch labelled as the whole-batch statistic: a deliberate, configurable mode
+            if label == "group":
+                yield Violation(op, "the branch is labelled as a per-group normalisation but centres on the whole "
+                                    "batch's mean: the mode computes the batch statistic; use rewards.view(-1, "
+                                    "G).mean(dim=1, keepdim=True)")
+                continue
             if not groups.group_in_view(op) or groups.centred_per_group(source):
                 continue
             yield Violation(op, "rewards are centred on the whole batch's mean, not each group's own: easy prompts "
                                 "get positive advantages for every sample; use rewards.view(-1, G).mean(dim=1, "
                                 "keepdim=True) as the baseline")
+
+        # 3. group windows from a loop index that already steps by the group size, scaled by it again (C7)
+        for loop in ctx.nodes(cst.For):
+            window = double_strided(ctx, loop)
+            if window is not None and groups.is_group(window.step):
+                step = ctx.code(window.step)
+                yield Violation(window.scaled, f"the loop index already steps by {step} (range(..., {step})) and is "
+                                               f"multiplied by {step} again: windows start at i * {step} * {step}, "
+                                               f"so most groups are skipped; iterate group indices, range(n // "
+                                               f"{step}), or slice [i:i + {step}]")
 
         # 2. group statistics over the wrong axis; wrong group size
         for call in ctx.nodes(cst.Call):
@@ -184,10 +214,53 @@ class GroupBaseline(Rule):
                     yield violation
 
 
+def _precedence_slip(ctx: Analysis, op: cst.BinaryOperation) -> bool:
+    """``x - x.mean() / (x.std() + eps)`` written without parentheses around the centring."""
+    right = op.right
+    if not (isinstance(right, cst.BinaryOperation) and isinstance(right.operator, cst.Divide)) or right.lpar:
+        return False
+    mean = right.left
+    if not (isinstance(mean, cst.Call) and (ctx.method(mean) in ("mean", "nanmean") or (
+            ctx.call_name(mean) or "") in ("torch.mean", "numpy.mean"))):
+        return False
+    source = _mean_source(ctx, mean)
+    if source is None or ctx.code(source).replace(" ", "") != ctx.code(op.left).replace(" ", ""):
+        return False
+    text = ctx.code(source).replace(" ", "")
+    for call in ctx.index.descendants(right.right, cst.Call) if not isinstance(right.right, cst.Call) else [
+            right.right, *ctx.index.descendants(right.right, cst.Call)]:
+        if (ctx.method(call) in ("std", "var") or (ctx.call_name(call) or "") in ("torch.std", "numpy.std")) and (
+                (_mean_source(ctx, call) is not None and ctx.code(_mean_source(ctx, call)).replace(" ", "") == text)):
+            return True
+    return False
+
+
+def _population_label(ctx: Analysis, node) -> str | None:
+    label = branch_label(ctx, node)
+    if label is None:
+        return None
+    kinds = {population(t) for t in label.labels}
+    return next(iter(kinds)) if len(kinds) == 1 else None
+
+
 def _mean_source(ctx: Analysis, call: cst.Call):
     if ctx.method(call) is None:
         return call.args[0].value if call.args else None
     return S.receiver(call)
+
+
+def _argument_for(ctx: Analysis, func: cst.FunctionDef, call: cst.Call, param: str):
+    """The argument a call passes for ``param`` of ``func`` (a method's ``self`` skipped), or None."""
+    params = [p.name.value for p in func.params.params]
+    if params and params[0] in ("self", "cls") and isinstance(call.func, cst.Attribute):
+        params = params[1:]
+    for i, arg in enumerate(a for a in call.args if a.keyword is None and not a.star):
+        if i < len(params) and params[i] == param:
+            return arg.value
+    for arg in call.args:
+        if arg.keyword is not None and arg.keyword.value == param:
+            return arg.value
+    return None
 
 
 def _in_loop(ctx: Analysis, node) -> bool:
@@ -237,6 +310,28 @@ class _Groups:
         if self.ctx.call_name(expr) in ("torch.mean", "torch.nanmean", "numpy.mean") and len(expr.args) == 1:
             return expr
         return None
+
+    def batch_axis_mean(self, expr) -> cst.Call | None:
+        """``x.mean(dim=0)`` on a flat parameter of the function (directly or through a name): a batch mean, when no
+        caller in the module passes a reshaped value for it."""
+        expr = self.resolve(expr)
+        if not (isinstance(expr, cst.Call) and (self.ctx.method(expr) in ("mean", "nanmean") or (
+                self.ctx.call_name(expr) or "") in ("torch.mean", "torch.nanmean"))):
+            return None
+        param = batch_axis_source(self.ctx, expr)
+        if param is None:
+            return None
+        func = self.ctx.enclosing_function(expr)
+        for site in call_sites(self.ctx, func):
+            arg = _argument_for(self.ctx, func, site, param.value)
+            if arg is None:
+                continue
+            value = self.resolve(arg)
+            if isinstance(value, cst.Call) and self.ctx.method(value) in (*VIEW_METHODS, "unflatten", "stack"):
+                return None
+            if isinstance(value, cst.Call) and (self.ctx.call_name(value) or "") in ("torch.stack",):
+                return None
+        return expr
 
     def reward_like(self, expr) -> bool:
         names = self._names(expr)
@@ -299,7 +394,27 @@ class _Groups:
                     hit = any(GROUP_NAME.fullmatch(a.attr.value) and dotted_name(a.value) in (
                         "self", "self.args", "args", "self.config", "config", "cfg", "self.cfg") for a in attrs)
             self._in_view[id(scope)] = hit
+            if not hit and isinstance(scope, cst.FunctionDef):
+                hit = self._callers_group(scope)
+                self._in_view[id(scope)] = hit
         return hit
+
+    def _callers_group(self, func: cst.FunctionDef) -> bool:
+        """A helper whose every caller in the module has a group structure in view (a group size or group count
+        read there): the values it receives are grouped (C5)."""
+        ctx = self.ctx
+        sites = call_sites(ctx, func)
+        if not sites:
+            return False
+        for site in sites:
+            scope = ctx.enclosing_function(site)
+            if scope is None or scope is func:
+                return False
+            names = [a.attr.value for a in ctx.index.descendants(scope, cst.Attribute)] + [
+                n.value for n in ctx.index.descendants(scope, cst.Name)]
+            if not any(GROUP_NAME.fullmatch(n) or GROUP_STRUCTURE.fullmatch(n) for n in names):
+                return False
+        return True
 
     def one_group_function(self, node) -> bool:
         """A function that handles one group (``def score_group(group)``): whole-array statistics are the group's."""
@@ -386,6 +501,15 @@ class _Groups:
         if kind == "GP" and dim == 1:
             return Violation(call, f"view({group_text}, -1) with statistics over dim={dim} mixes prompts: with "
                                    f"samples of a prompt contiguous use view(-1, {group_text}).mean(dim=1)")
+        if kind == "PG" and dim == 1 and layout_in_scope(ctx, call, group) == INTERLEAVED:
+            return Violation(call, f"the batch is tiled here (the whole batch repeated {group_text} times, e.g. "
+                                   f"repeat({group_text}, 1)), so samples of a prompt are {group_text} rows apart "
+                                   f"and view(-1, {group_text}) rows are not groups; use repeat_interleave("
+                                   f"{group_text}, dim=0) to build the batch, or view({group_text}, -1) with dim=0")
+        if kind == "PG" and dim == 1 and _population_label(ctx, call) == "batch":
+            return Violation(call, f"the branch is labelled as a whole-batch normalisation but takes per-group "
+                                   f"statistics (view(-1, {group_text}) over dim=1): the mode computes the group "
+                                   f"statistic")
         if kind == "GP" and dim == 0 and self._shows_contiguous(call):
             return Violation(call, f"samples of a prompt are contiguous here (repeat_interleave), so "
                                    f"view({group_text}, -1) columns are not groups; use view(-1, "

@@ -9,6 +9,7 @@ import libcst as cst
 from rlguard.lint.analysis import Analysis
 from rlguard.lint.analysis import semantics as S
 from rlguard.lint.analysis.index import key_of
+from rlguard.lint.analysis.labels import branch_label, token_aggregation
 from rlguard.lint.analysis.losses import losses
 from rlguard.lint.analysis.signs import signs
 from rlguard.lint.rule import Invalid, Rule, Valid, Violation
@@ -109,6 +110,12 @@ class LengthBias(Rule):
             inner = agg.sequence_mean_of(call)
             if inner is not None and agg.per_sequence_mean(inner) and not _mode_switch(ctx, call) and agg.in_loss(call):
                 yield Violation(call, _MESSAGE)
+        # a branch labelled as summing each sequence's tokens that takes their mean (C10)
+        for node in ctx.nodes(cst.Call, cst.BinaryOperation):
+            if agg.direct_sequence_mean(node):
+                label = branch_label(ctx, node)
+                if label is not None and {token_aggregation(t) for t in label.labels} == {"sum"}:
+                    yield Violation(node, _LABEL_MESSAGE.format(label=label.labels[0]))
         for op in ctx.nodes(cst.BinaryOperation):
             if not isinstance(op.operator, cst.Divide) or not isinstance(op.left, cst.Call):
                 continue
@@ -121,6 +128,11 @@ class LengthBias(Rule):
 _MESSAGE = ("the loss is a mean over sequences of per-sequence token means, so tokens of long sequences weigh less "
             "(length bias); use one token mean over the batch, (loss * mask).sum() / mask.sum(), or Dr. GRPO's "
             ".sum(-1) / max_len")
+
+
+_LABEL_MESSAGE = ("the branch {label!r} says each sequence's tokens are summed, but it takes their per-sequence mean "
+                  "(a sum divided by the mask's row count): the mode computes another mode's aggregation, and "
+                  "tokens of long sequences weigh less; sum the masked tokens of each row")
 
 
 class _Aggregation:
@@ -186,6 +198,15 @@ class _Aggregation:
         if isinstance(expr, cst.BinaryOperation) and isinstance(expr.operator, cst.Divide):
             return self.row_sum(expr.left, need_mask=False) and self.mask_row_sum(expr.right)
         return False
+
+    def direct_sequence_mean(self, node) -> bool:
+        """``node`` itself is a per-sequence token mean: ``masked_mean(x, m, dim=-1)`` or ``(x * m).sum(-1) /
+        m.sum(-1)`` (names inside it are followed, the node is not)."""
+        ctx = self.ctx
+        if isinstance(node, cst.Call):
+            return (ctx.call_name(node) or "").rsplit(".", 1)[-1] == "masked_mean" and self.per_sequence_mean(node)
+        return isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Divide) and \
+            self.per_sequence_mean(node)
 
     def row_sum(self, expr, need_mask: bool) -> bool:
         """A sum over the last dim (``x.sum(-1)``, ``torch.sum(x, dim=1)``) of something with a mask in it."""
