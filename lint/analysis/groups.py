@@ -25,6 +25,7 @@ CONTIGUOUS = "contiguous"
 # calls that put each prompt's copies next to each other / that tile the whole batch G times
 _CONTIGUOUS_FUNCTIONS = frozenset({"torch.repeat_interleave", "numpy.repeat", "np.repeat"})
 _TILE_FUNCTIONS = frozenset({"torch.tile", "numpy.tile", "np.tile"})
+_NEUTRAL = frozenset({"float", "double", "to", "detach", "clone", "contiguous", "cpu", "cuda"})
 
 
 def _text(ctx, expr) -> str:
@@ -50,6 +51,8 @@ def layout_of_call(ctx, call: cst.Call, group) -> str | None:
     name = ctx.call_name(call) or ""
     if method == "repeat_interleave" or name in _CONTIGUOUS_FUNCTIONS:
         repeats = S.argument(call, 0 if method == "repeat_interleave" else 1, "repeats")
+        if method == "repeat_interleave" and _reduced(ctx, S.receiver(call)):
+            return None  # a per-group statistic spread back over its group: not how the batch was built
         return CONTIGUOUS if _same(ctx, repeats, group) else None
     if method == "repeat":
         interleave = S.literal_bool(S.argument(call, None, "interleave"))
@@ -73,6 +76,27 @@ def layout_of_call(ctx, call: cst.Call, group) -> str | None:
             return INTERLEAVED if _same(ctx, first, group) and all(S.int_value(r) == 1 for r in rest) else None
         return INTERLEAVED if _same(ctx, reps, group) else None
     return None
+
+
+_REDUCTIONS = frozenset({"mean", "std", "var", "sum", "nanmean", "nansum", "amax", "amin", "max", "min", "norm"})
+
+
+def _reduced(ctx, expr) -> bool:
+    """``expr`` is (or is a name bound once to) a reduction's result."""
+    for _ in range(3):
+        if isinstance(expr, cst.Call) and ctx.method(expr) in _NEUTRAL:
+            expr = S.receiver(expr)
+            continue
+        if isinstance(expr, cst.Call):
+            return ctx.method(expr) in _REDUCTIONS or (ctx.call_name(expr) or "").removeprefix("torch.") in _REDUCTIONS
+        key = key_of(expr) if isinstance(expr, (cst.Name, cst.Attribute)) else None
+        if key is None:
+            return False
+        defs = ctx.flow.reaching(key, expr)
+        if len(defs) != 1 or defs[0].kind != "assign" or defs[0].value is None:
+            return False
+        expr = defs[0].value
+    return False
 
 
 def _list_tiling(ctx, op: cst.BinaryOperation, group) -> bool:
@@ -161,9 +185,6 @@ def _is_index(expr, index: str) -> bool:
         (isinstance(expr.left, cst.Name) and expr.left.value == index and S.int_value(expr.right) is not None))
 
 
-_NEUTRAL = frozenset({"float", "double", "to", "detach", "clone", "contiguous", "cpu", "cuda"})
-
-
 def _strip_neutral(ctx, expr):
     while isinstance(expr, cst.Call) and ctx.method(expr) in _NEUTRAL:
         expr = S.receiver(expr)
@@ -209,5 +230,38 @@ def batch_axis_source(ctx, call: cst.Call) -> cst.Name | None:
     return None
 
 
-__all__ = ["CONTIGUOUS", "INTERLEAVED", "StridedWindow", "batch_axis_source", "double_strided", "layout_in_scope",
+_BUILDERS = frozenset({"torch.tensor", "torch.as_tensor", "torch.stack", "torch.cat", "numpy.array", "numpy.asarray",
+                       "np.array", "np.asarray", "torch.Tensor", "torch.FloatTensor"})
+
+
+def one_group_size(ctx, expr, is_group, depth: int = 5):
+    """The group size ``G`` when ``expr`` visibly holds exactly one group: a tensor built from a comprehension or
+    list over ``range(G)`` (directly or through names), ``G`` a group size. Then its whole-tensor statistics are the
+    group's own. None otherwise."""
+    for _ in range(depth):
+        expr = _strip_neutral(ctx, expr)
+        if isinstance(expr, cst.Call) and (ctx.call_name(expr) or "") in _BUILDERS and expr.args:
+            expr = expr.args[0].value
+            continue
+        if isinstance(expr, (cst.ListComp, cst.GeneratorExp)):
+            comp = expr.for_in
+            if comp.inner_for_in is not None:
+                return None
+            it = comp.iter
+            if isinstance(it, cst.Call) and ctx.call_name(it) == "range" and len(it.args) == 1 and is_group(
+                    it.args[0].value):
+                return it.args[0].value
+            expr = it
+            continue
+        key = key_of(expr) if isinstance(expr, cst.Name) else None
+        if key is None:
+            return None
+        defs = ctx.flow.reaching(key, expr)
+        if len(defs) != 1 or defs[0].kind != "assign" or defs[0].value is None or defs[0].element is not None:
+            return None
+        expr = defs[0].value
+    return None
+
+
+__all__ = ["one_group_size", "CONTIGUOUS", "INTERLEAVED", "StridedWindow", "batch_axis_source", "double_strided", "layout_in_scope",
            "layout_of_call"]

@@ -108,7 +108,8 @@ def token_aggregation(label: str) -> str | None:
     return None
 
 
-GROUP_WORDS = frozenset({"group", "grouped", "per_group", "pergroup", "prompt", "per_prompt", "local", "grpo"})
+# ("local" is not here: it also names a per-rank statistic against a "global" all-reduced one)
+GROUP_WORDS = frozenset({"group", "grouped", "per_group", "pergroup", "prompt", "per_prompt", "grpo"})
 BATCH_WORDS = frozenset({"batch", "global", "whole", "whole_batch", "batch_wide"})
 
 

@@ -11,7 +11,7 @@ import libcst as cst
 from rlguard.lint.analysis import Analysis, dotted_name
 from rlguard.lint.analysis import semantics as S
 from rlguard.lint.analysis.grad import call_sites
-from rlguard.lint.analysis.groups import INTERLEAVED, batch_axis_source, double_strided, layout_in_scope
+from rlguard.lint.analysis.groups import INTERLEAVED, batch_axis_source, double_strided, layout_in_scope, one_group_size
 from rlguard.lint.analysis.index import key_of, children
 from rlguard.lint.analysis.labels import branch_label, population
 from rlguard.lint.rule import Invalid, Rule, Valid, Violation
@@ -83,14 +83,15 @@ class GroupBaseline(Rule):
     triggers = (r"(?:mean|std|var)\(",
                 r"(?i)group_?size|generations|samples_per|num_samples|n_samples|rollouts?_per|responses_per|"
                 r"completions_per|return_sequences|rloo_k|repeat_times|rollout_n|n_rollouts|num_rollouts|"
-                r"repeat_interleave|\bg\b|groups?_?(?:num|count|len)|n(?:um)?_groups")
+                r"repeat_interleave|\bg\b|groups?_?(?:num|count|len)|n(?:um)?_groups|mean\([^()]*\)\s*/"
+                r"|['\"](?:per_)?(?:group|prompt)['\"]")
 
     VALID = [
         Valid("def adv(rewards, G):\n    grouped = rewards.view(-1, G)\n"
-              "    return (grouped - grouped.mean(dim=1, keepdim=True)).view(-1)\n", "per-group mean"),
+              "    return (grouped - grouped.mean(dim=1, keepdim=True)).view(-1)\n", "per-group mean", capability="C7", style="functional"),
         Valid("mean_grouped_rewards = rewards.view(-1, self.num_generations).mean(dim=1)\n"
               "mean_grouped_rewards = mean_grouped_rewards.repeat_interleave(self.num_generations, dim=0)\n"
-              "advantages = rewards - mean_grouped_rewards\n", "TRL GRPO"),
+              "advantages = rewards - mean_grouped_rewards\n", "TRL GRPO", capability="C7", style="framework"),
         Valid("def compute_gae(rewards, values, gamma, lam):\n    advantages = rewards - values\n"
               "    advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)\n    return advantages\n",
               "PPO whitening, no group in view"),
@@ -98,11 +99,12 @@ class GroupBaseline(Rule):
               "baseline = (rlhf_reward.sum(0) - rlhf_reward) / (args.rloo_k - 1)\nadvantages = rlhf_reward - baseline\n",
               "RLOO leave-one-out"),
         Valid("def grpo(rewards, group_size):\n    r = rewards.reshape(-1, group_size)\n"
-              "    return (r - r.mean(-1, keepdim=True)) / (r.std(-1, keepdim=True) + 1e-6)\n", "dim -1"),
+              "    return (r - r.mean(-1, keepdim=True)) / (r.std(-1, keepdim=True) + 1e-6)\n", "dim -1", capability="C7", style="functional"),
         Valid("def adv(scores, num_generations):\n    out = []\n    for group in scores.split(num_generations):\n"
               "        out.append(group - group.mean())\n    return torch.cat(out)\n", "mean inside a loop over groups"),
         Valid("def adv(rewards, G):\n    r = rewards.view(G, -1)\n    return (r - r.mean(dim=0)).flatten()\n",
-              "interleaved layout (repeat(G, 1)): view(G, -1) and dim 0"),
+              "interleaved layout (repeat(G, 1)): view(G, -1) and dim 0", capability="C7",
+              style="functional"),
         Valid("def adv(rewards, G):\n    grouped = rewards.view(-1, G)\n    centred = grouped - grouped.mean(dim=1, keepdim=True)\n"
               "    centred = centred / (centred.std() + 1e-8)\n    return centred.view(-1)\n",
               "batch scaling after per-group centring"),
@@ -111,20 +113,94 @@ class GroupBaseline(Rule):
               "    advantages = (scores - scores.mean()) / (scores.std() + 1e-8)\n"
               "    samples = []\n"
               "    return advantages, samples\n",
-              "a function that handles one group: its whole-array statistics are the group's own"),
+              "a function that handles one group: its whole-array statistics are the group's own", capability="FP",
+              style="class"),
         Valid("def combine(rewards_per_func, weights, num_generations):\n"
               "    per_group = rewards_per_func.view(-1, num_generations, rewards_per_func.size(-1))\n"
               "    mu = torch.nanmean(per_group, dim=1, keepdim=True)\n"
               "    normed = ((per_group - mu) / (per_group.std(dim=1, keepdim=True) + 1e-4)).flatten(0, 1)\n"
               "    rewards = (normed * weights).sum(dim=1)\n"
               "    return (rewards - rewards.mean()) / (rewards.std() + 1e-4)\n",
-              "batch whitening of a sum of per-group-normalised rewards (GDPO): groups stay centred"),
+              "batch whitening of a sum of per-group-normalised rewards (GDPO): groups stay centred",
+              capability="FP", style="functional"),
         Valid("def ppo_adv(rewards, values, k):\n"
               "    for k in range(3):\n"
               "        pass\n"
               "    adv = rewards - rewards.mean()\n"
               "    return adv\n",
               "k is a loop index, not a group size"),
+            # ----- C7: batch layouts and group windows -----
+        Valid("def centre(scores, n_samples):\n"
+              "    prompts = prompt_ids.repeat_interleave(n_samples, dim=0)\n"
+              "    out = scores.view(-1, n_samples)\n"
+              "    return (out - out.mean(dim=1, keepdim=True)).flatten()\n",
+              "contiguous layout (repeat_interleave) grouped with view(-1, G) over dim 1",
+              capability="C7", style="functional"),
+        Valid("class Normaliser:\n"
+              "    def run(self, adv):\n"
+              "        for j in range(adv.shape[0] // self.group_size):\n"
+              "            w = slice(j * self.group_size, (j + 1) * self.group_size)\n"
+              "            adv[w] = adv[w] - adv[w].mean()\n"
+              "        return adv\n",
+              "a loop over group indices: windows start at j * G", capability="C7", style="class"),
+        Valid("G = 4\n"
+              "for s in range(0, len(r), G):\n"
+              "    blk = r[s:s + G]\n"
+              "    r[s:s + G] = blk - blk.mean()\n",
+              "a loop stepping by G slices [s:s + G]: no second scaling", capability="C7", style="script"),
+        Valid("def compute_adv(batch, cfg):\n"
+              "    batch = batch.repeat(repeat_times=cfg.rollout_n, interleave=True)\n"
+              "    scores = batch.batch['token_level_scores'].sum(-1)\n"
+              "    grouped = scores.view(-1, cfg.rollout_n)\n"
+              "    return (grouped - grouped.mean(dim=1, keepdim=True)).view(-1)\n",
+              "a batch container repeated with interleave=True keeps each prompt's copies together",
+              capability="C7", style="framework"),
+        Valid("k = 8\n"
+              "qs = ids.repeat(k, 1)\n"
+              "r = judge(qs, pol.generate(qs))\n"
+              "b = r.view(k, -1).mean(0)\n"
+              "adv = r - b.repeat(k)\n",
+              "tiled batch grouped with view(G, -1) over dim 0 (the tiled layout's groups)",
+              capability="C7", style="script"),
+        # ----- C9: precedence idiom, clean look-alikes -----
+        Valid("adv = (rewards - rewards.mean()) / (rewards.std() + 1e-8)\n", "parenthesised standardisation",
+              capability="C9", style="script"),
+        Valid("def shift(values, ref):\n    return values - ref.mean() / (ref.std() + 1e-6)\n",
+              "the subtrahend's statistics are of another tensor: not the standardisation idiom",
+              capability="C9", style="functional"),
+        # ----- C10: branch labels -----
+        Valid("def normalise(rewards, group_size, how):\n"
+              "    if how == 'batch':\n"
+              "        return (rewards - rewards.mean()) / (rewards.std() + 1e-6)\n"
+              "    g = rewards.view(-1, group_size)\n"
+              "    return ((g - g.mean(dim=1, keepdim=True)) / (g.std(dim=1, keepdim=True) + 1e-6)).view(-1)\n",
+              "the branch labelled 'batch' takes the batch statistic: a deliberate mode", capability="C10",
+              style="functional"),
+        Valid("class Adv:\n"
+              "    def __call__(self, rewards):\n"
+              "        if self.cfg.norm == 'global':\n"
+              "            baseline = rewards.mean()\n"
+              "            return rewards - baseline\n"
+              "        grouped = rewards.view(-1, self.num_generations)\n"
+              "        return (grouped - grouped.mean(dim=1, keepdim=True)).view(-1)\n",
+              "'global' label, whole-batch baseline: label and statistic agree", capability="C10", style="class"),
+        Valid("G = 16\n"
+              "if mode == 'per_prompt':\n"
+              "    rr = r.view(-1, G)\n"
+              "    a = (rr - rr.mean(1, keepdim=True)).view(-1)\n",
+              "'per_prompt' label with a per-group mean", capability="C10", style="script"),
+        # ----- FP: a batch that is one group -----
+        Valid("def rollout_prompt(policy, prompt, G):\n"
+              "    outs = [policy.generate(prompt) for _ in range(G)]\n"
+              "    r = torch.tensor([reward_fn(o) for o in outs])\n"
+              "    return (r - r.mean()) / (r.std() + 1e-6)\n",
+              "the tensor holds the G samples of one prompt: its whole-tensor mean is the group's",
+              capability="FP", style="functional"),
+        Valid("class OnePrompt:\n"
+              "    def advantages(self, prompt):\n"
+              "        scores = torch.stack([self.score(prompt, i) for i in range(self.num_generations)])\n"
+              "        return scores - scores.mean()\n",
+              "a batch of exactly one group (built over range(num_generations))", capability="FP", style="class"),
     ]
     INVALID = [
         Invalid("def group_advantages(rewards, group_size, eps=1e-4):\n    advantages = rewards - rewards.mean()\n"
@@ -135,25 +211,109 @@ class GroupBaseline(Rule):
                 why="baseline through a name, group size on self"),
         Invalid("def adv(rewards, G):\n    return rewards - torch.mean(rewards)\n", line=2, why="torch.mean"),
         Invalid("def adv(rewards, G):\n    return rewards - rewards.view(-1, G).mean(dim=0).repeat_interleave(G)\n",
-                line=2, why="view(-1, G) reduced over dim 0"),
+                line=2, why="view(-1, G) reduced over dim 0", capability="C7", style="functional"),
         Invalid("def adv(scores, group_size):\n    grouped = scores.view(group_size, -1)\n"
                 "    mean = grouped.mean(dim=-1, keepdim=True)\n    return (grouped - mean).view(-1)\n", line=3,
-                why="view(G, -1) reduced over the last dim"),
+                why="view(G, -1) reduced over the last dim", capability="C7", style="functional"),
         Invalid("def adv(rewards, G):\n    grouped = rewards.reshape(-1, G)\n    std = grouped.std(0)\n"
-                "    return grouped / std\n", line=3, why="std over dim 0"),
+                "    return grouped / std\n", line=3, why="std over dim 0", capability="C7", style="functional"),
         Invalid("def adv(rewards, num_generations, num_prompts):\n"
                 "    mean = rewards.view(-1, num_prompts).mean(dim=1)\n"
                 "    mean = mean.repeat_interleave(num_generations, dim=0)\n    return rewards - mean\n", line=3,
-                why="grouped by num_prompts, repeated num_generations times"),
+                why="grouped by num_prompts, repeated num_generations times", capability="C7",
+                style="functional"),
         Invalid("def adv(rewards, G):\n    prompts = prompts.repeat_interleave(G, dim=0)\n"
                 "    r = rewards.view(G, -1)\n    return (r - r.mean(dim=0)).flatten()\n", line=4,
-                why="contiguous layout but view(G, -1)"),
+                why="contiguous layout but view(G, -1)", capability="C7", style="functional"),
         Invalid("class Grpo:\n"
                 "    def adv(self, r):\n"
                 "        k = self.samples_per_prompt\n"
                 "        base = r.view(-1, k).mean(0)\n"
                 "        return r - base.repeat_interleave(k)\n", line=4,
-                why="the group size through an alias, reduced over the wrong axis"),
+                why="the group size through an alias, reduced over the wrong axis", capability="C7",
+                style="class"),
+            Invalid("class Trainer:\n"
+                "    def baseline(self, rewards):\n"
+                "        rewards = rewards.float()\n"
+                "        mu = rewards.mean(dim=0, keepdim=True)\n"
+                "        return (rewards - mu) / (rewards.std(dim=0, keepdim=True) + 1e-4)\n"
+                "\n"
+                "    def step(self, prompts):\n"
+                "        n = prompts.shape[0] // self.group_num\n"
+                "        rewards = self.score(prompts)\n"
+                "        return self.baseline(rewards)\n", line=5,
+                why="a flat parameter reduced over dim 0 (the batch), its caller holds the grouped batch",
+                capability="C5", style="class"),
+        # ----- C7: batch layouts and group windows -----
+        Invalid("def normalise(adv, group_size):\n"
+                "    out = []\n"
+                "    for start in range(0, adv.shape[0], group_size):\n"
+                "        chunk = adv[start * group_size:(start + 1) * group_size]\n"
+                "        out.append((chunk - chunk.mean()) / (chunk.std() + 1e-6))\n"
+                "    return torch.cat(out)\n", line=4,
+                why="the index already steps by the group size and is scaled by it again",
+                capability="C7", style="functional"),
+        Invalid("class Trainer:\n"
+                "    def norm(self, scores):\n"
+                "        n = scores.size(0)\n"
+                "        for i in range(0, n, self.group_size):\n"
+                "            s = slice(i * self.group_size, (i + 1) * self.group_size)\n"
+                "            scores[s] = scores[s] - scores[s].mean()\n"
+                "        return scores\n", line=5, why="double-strided group windows through slice()",
+                capability="C7", style="class"),
+        Invalid("G = 8\n"
+                "prompts = batch_prompts.repeat(G, 1)\n"
+                "r = score(policy.generate(prompts))\n"
+                "base = r.view(-1, G).mean(1)\n"
+                "adv = r - base.repeat_interleave(G)\n", line=4,
+                why="the batch is tiled (repeat(G, 1)) but grouped as if contiguous", capability="C7",
+                style="script"),
+        Invalid("def compute_adv(batch, cfg):\n"
+                "    batch = batch.repeat(repeat_times=cfg.rollout_n, interleave=False)\n"
+                "    scores = batch.batch['token_level_scores'].sum(-1)\n"
+                "    grouped = scores.view(-1, cfg.rollout_n)\n"
+                "    return (grouped - grouped.mean(dim=1, keepdim=True)).view(-1)\n", line=5,
+                why="a batch container repeated without interleaving, grouped by rows", capability="C7",
+                style="framework"),
+        Invalid("def adv(questions, n_samples):\n"
+                "    qs = list(questions) * n_samples\n"
+                "    r = torch.tensor(grade(qs))\n"
+                "    rows = r.view(-1, n_samples)\n"
+                "    return (rows - rows.mean(dim=-1, keepdim=True)).view(-1)\n", line=5,
+                why="a list tiled k times, grouped as if each question's answers were adjacent", capability="C7",
+                style="functional"),
+        # ----- C9: the standardisation precedence slip -----
+        Invalid("adv = rewards - rewards.mean() / (rewards.std() + 1e-8)\n", line=1,
+                why="the mean is divided by the std, not the centred rewards", capability="C9", style="script"),
+        Invalid("class Whitener:\n"
+                "    def __call__(self, x):\n"
+                "        return x - x.mean() / (x.std() + self.eps)\n", line=3, why="precedence inside a method",
+                capability="C9", style="class"),
+        Invalid("def standardise(batch):\n"
+                "    a = batch['advantages']\n"
+                "    batch['advantages'] = a - torch.mean(a) / (torch.std(a) + 1e-6)\n"
+                "    return batch\n", line=3, why="torch functions, a dict batch", capability="C9",
+                style="framework"),
+        # ----- C10: branch labels -----
+        Invalid("def normalise(rewards, group_size, how):\n"
+                "    if how == 'per_group':\n"
+                "        return (rewards - rewards.mean()) / (rewards.std() + 1e-6)\n"
+                "    return rewards / (rewards.std() + 1e-6)\n", line=3,
+                why="labelled per-group, computes the batch mean", capability="C10", style="functional"),
+        Invalid("class Adv:\n"
+                "    def __call__(self, rewards):\n"
+                "        if self.cfg.norm == 'batch':\n"
+                "            return rewards / rewards.std()\n"
+                "        elif self.cfg.norm == 'group':\n"
+                "            baseline = rewards.mean()\n"
+                "            return rewards - baseline\n", line=7,
+                why="the 'group' branch centres on the batch mean", capability="C10", style="class"),
+        Invalid("match scale:\n"
+                "    case 'per_prompt':\n"
+                "        a = r - r.mean()\n"
+                "    case _:\n"
+                "        a = r\n", line=3, why="a match case labelled per-prompt, batch statistic", capability="C10",
+                style="script"),
     ]
 
     def check(self, ctx: Analysis) -> Iterator[Violation]:
@@ -177,6 +337,8 @@ class GroupBaseline(Rule):
                 continue
             if _in_loop(ctx, op) or groups.group_named(source) or groups.one_group_function(op):
                 continue
+            if one_group_size(ctx, source, groups.is_group) is not None:
+                continue  # the tensor holds one group (built over range(G)): its mean is the group's
             label = _population_label(ctx, op)
             if label == "batch":
                 continue  # a branch labelled as the whole-batch statistic: a deliberate, configurable mode
@@ -506,10 +668,6 @@ class _Groups:
                                    f"repeat({group_text}, 1)), so samples of a prompt are {group_text} rows apart "
                                    f"and view(-1, {group_text}) rows are not groups; use repeat_interleave("
                                    f"{group_text}, dim=0) to build the batch, or view({group_text}, -1) with dim=0")
-        if kind == "PG" and dim == 1 and _population_label(ctx, call) == "batch":
-            return Violation(call, f"the branch is labelled as a whole-batch normalisation but takes per-group "
-                                   f"statistics (view(-1, {group_text}) over dim=1): the mode computes the group "
-                                   f"statistic")
         if kind == "GP" and dim == 0 and self._shows_contiguous(call):
             return Violation(call, f"samples of a prompt are contiguous here (repeat_interleave), so "
                                    f"view({group_text}, -1) columns are not groups; use view(-1, "

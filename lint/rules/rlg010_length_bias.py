@@ -75,7 +75,8 @@ class LengthBias(Rule):
               "Dr. GRPO: sequence sum over a constant"),
         Valid("if loss_mode == 'seq_mean_token_mean':\n"
               "    per_seq = (values * mask).sum(-1) / mask.sum(-1).clamp(min=1)\n"
-              "    loss = per_seq.sum() / n_seqs\n", "an explicit, configurable mode"),
+              "    loss = per_seq.sum() / n_seqs\n", "an explicit, configurable mode", capability="C10",
+              style="script"),
         Valid("seq_lens = mask.sum(-1)\nstats['len'] = seq_lens.float().mean().item()\n", "lengths only logged"),
         Valid("per_seq_reward = (token_rewards * mask).sum(-1)\nloss = -(per_seq_reward.mean())\n",
               "a sum per sequence, no per-sequence mean"),
@@ -89,6 +90,26 @@ class LengthBias(Rule):
         Valid("per_seq = (ratio * mask).sum(-1) / mask.sum(-1)\n"
               "metrics['is_ratio_seq_mean'] = per_seq.mean()\n",
               "stored in a metrics dict"),
+            # ----- C10: branch labels against what the branch computes -----
+        Valid("def reduce_loss(per_tok, m, agg):\n"
+              "    if agg == 'seq-mean-token-sum':\n"
+              "        per_seq = (per_tok * m).sum(-1)\n"
+              "        return per_seq.mean()\n"
+              "    return (per_tok * m).sum() / m.sum()\n",
+              "a token-sum label that sums each row's tokens", capability="C10", style="functional"),
+        Valid("class Loss:\n"
+              "    def aggregate(self, lm, mask):\n"
+              "        if self.mode == 'seq_mean_token_mean':\n"
+              "            rows = masked_mean(lm, mask, dim=-1)\n"
+              "            return rows.mean()\n"
+              "        return masked_mean(lm, mask)\n",
+              "a token-mean label that takes each row's mean: the mode says so", capability="C10", style="class"),
+        Valid("def agg(loss, batch, cfg):\n"
+              "    m = batch['response_mask']\n"
+              "    if cfg.loss_agg == 'seq-mean-token-sum-norm':\n"
+              "        return (loss * m).sum(-1).sum() / cfg.max_response_len\n"
+              "    return (loss * m).sum() / m.sum()\n",
+              "Dr. GRPO's token-sum over a constant", capability="C10", style="framework"),
     ]
     INVALID = [
         Invalid("loss = ((per_token_loss * completion_mask).sum(dim=1) / completion_mask.sum(dim=1)).mean()\n",
@@ -102,6 +123,32 @@ class LengthBias(Rule):
                 line=1, why="torch functions"),
         Invalid("m = batch['action_mask']\nper_seq = masked_mean(token_loss, m, axis=1)\nloss = per_seq.mean()\n",
                 line=3, why="alias of the mask, axis keyword"),
+            # ----- C10: a token-sum label whose branch takes each sequence's token mean -----
+        Invalid("def reduce_loss(per_tok, m, agg):\n"
+                "    if agg == 'seq-mean-token-sum':\n"
+                "        per_seq = masked_mean(per_tok, m, dim=-1)\n"
+                "        return per_seq.mean()\n"
+                "    return (per_tok * m).sum() / m.sum()\n", line=3,
+                why="the label says token-sum, the branch takes the row mean", capability="C10", style="functional"),
+        Invalid("def agg(loss, batch, cfg):\n"
+                "    resp_mask = batch['response_mask']\n"
+                "    if cfg.loss_agg == 'sum_tokens':\n"
+                "        rows = (loss * resp_mask).sum(-1) / resp_mask.sum(-1).clamp(min=1)\n"
+                "        return (rows * batch['w']).sum() / resp_mask.shape[0]\n"
+                "    return (loss * resp_mask).sum() / resp_mask.sum()\n", line=4,
+                why="a dict batch, config label, divide form", capability="C10", style="framework"),
+        Invalid("class Loss:\n"
+                "    def aggregate(self, lm, mask):\n"
+                "        match self.mode:\n"
+                "            case 'token_sum':\n"
+                "                rows = masked_mean(lm, mask, dim=1)\n"
+                "                return rows.sum() / lm.size(0)\n"
+                "            case _:\n"
+                "                return masked_mean(lm, mask)\n", line=5,
+                why="a match case labelled token_sum", capability="C10", style="class"),
+        Invalid("if agg in ('token-sum', 'seq-mean-token-sum'):\n"
+                "    s = (l * mask).sum(1) / (mask.sum(1) + 1e-8)\n"
+                "    loss = s.mean()\n", line=2, why="a label set, all token-sum", capability="C10", style="script"),
     ]
 
     def check(self, ctx: Analysis) -> Iterator[Violation]:
