@@ -34,9 +34,19 @@ class ReferenceAlias(Rule):
     - the reference's parameters handed to an optimizer: `torch.optim.Adam(list(model.parameters()) +
       list(ref_model.parameters()))`, `optimizer.add_param_group({"params": ref.parameters()})`.
 
+    - reference *outputs* produced by the policy (C11): a function selects the reference into a local (`net =
+      self.ref_model` in one branch, `net = self.policy` in the other, or `a if cond else b`), only moves it
+      (`net.eval()`, `net.cuda()`), and runs the policy's forward instead (`self.policy(ids)`); or a flag bound
+      once to a constant (`self.ref_on_actor = True`) decides between a separate reference worker and the actor
+      for reference log-probs while the module shows adapters are optional (a branch on a LoRA/adapter flag):
+      "the actor with its adapter disabled" is then the live policy whenever no adapter is configured.
+
     Not flagged: `copy.deepcopy(model).eval()`, `AutoModelForCausalLM.from_pretrained(...)`,
     `create_reference_model(model)` (TRL), `ref_model = None` with `with model.disable_adapter():` (the PEFT way),
-    `ref_model.load_state_dict(model.state_dict())` (a copy). An `a if cond else model` fallback is not flagged.
+    `ref_model.load_state_dict(model.state_dict())` (a copy). An `a if cond else model` fallback is not flagged;
+    nor a selected model that is run or handed to a helper, nor a routing flag derived from the adapter setting.
+    Whether a worker's reference pass really disables an adapter is runtime state: the `ref_is_policy` contract
+    (KL to the reference > 0 after a step) checks it.
 
     ## Why it is wrong
     The KL penalty measures how far the policy moved from where it started. If the reference is the policy, the

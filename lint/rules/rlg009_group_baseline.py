@@ -42,12 +42,23 @@ class GroupBaseline(Rule):
       `rewards.view(G, -1).mean(dim=-1)`, and `rewards.view(G, -1).mean(dim=0)` when `repeat_interleave` in the
       same function shows the layout is contiguous (with `repeat(G, 1)`, the interleaved layout, it is right);
     - **wrong group size**: a group statistic computed on `view(-1, A)` and spread back with
-      `repeat_interleave(B)` where `A` and `B` are visibly different.
+      `repeat_interleave(B)` where `A` and `B` are visibly different;
+    - **tiled batch grouped as contiguous** (C7): the function builds the batch by tiling it (`x.repeat(G, 1)`,
+      `torch.tile`, `list(xs) * G`, a container's `repeat(repeat_times=G, interleave=False)`), so samples of a
+      prompt are `B` rows apart, yet groups are taken as rows of `view(-1, G)`;
+    - **double-strided group windows** (C7): `for i in range(0, n, G): x[i * G:(i + 1) * G]`, an index that
+      already steps by the group size scaled by it again;
+    - **batch axis of a flat tensor**: `rewards.mean(dim=0)` on the function's own (1-d) parameter when its
+      callers in the module work with groups (a group size or group count in view there);
+    - **branch labels** (C10): a branch selected by a per-group label (`if norm == "per_group":`, `case
+      "per_prompt":`) that centres on the whole batch's mean;
+    - **precedence** (C9): `x - x.mean() / (x.std() + eps)`, which divides the mean, not the centred values.
 
     Not flagged: `rewards.view(-1, G).mean(dim=1, keepdim=True)`, TRL's `rewards.view(-1,
     self.num_generations).mean(dim=1).repeat_interleave(self.num_generations, dim=0)`, RLOO leave-one-out
-    baselines, a PPO whitening `(adv - adv.mean()) / (adv.std() + 1e-8)` with no group in view, and statistics
-    taken inside a loop over groups.
+    baselines, a PPO whitening `(adv - adv.mean()) / (adv.std() + 1e-8)` with no group in view, statistics
+    taken inside a loop over groups, a tensor that holds one group (built over `range(G)`), and a whole-batch
+    mean in a branch labelled as the batch statistic (`if norm == "batch":`).
 
     ## Why it is wrong
     GRPO compares each sample with the other samples *of the same prompt*. With the batch mean as baseline, every

@@ -32,7 +32,9 @@ class LengthBias(Rule):
     A per-row token mean (`.sum(-1)` over the mask divided by the mask's row count) that is then averaged over
     rows (`.mean()`, `torch.mean`, `.sum() / n`). Aliases are followed. The rule stays silent when the aggregation
     is one branch of an explicit mode switch (`if loss_mode == "seq_mean_token_mean":`, a `match` case): that is a
-    deliberate, configurable choice.
+    deliberate, configurable choice, unless the branch's label contradicts what it computes (C10): a branch
+    labelled as summing each sequence's tokens (`"seq-mean-token-sum"`, `"token_sum"`, `"sum_tokens"`) that takes
+    their per-sequence mean (`masked_mean(x, mask, dim=-1)`, `(x * mask).sum(-1) / mask.sum(-1)`) is flagged.
 
     ## Why it is wrong
     Each sequence gets the same total weight, so each token of a long sequence weighs less than a token of a short
