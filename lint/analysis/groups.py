@@ -122,8 +122,29 @@ def _comprehension_repeat(ctx, comp: cst.ListComp, group) -> bool:
 
 
 def layout_in_scope(ctx, node: cst.CSTNode, group) -> str | None:
-    """The batch layout for group size ``group`` that the function holding ``node`` shows, or None."""
+    """The batch layout for group size ``group`` that the function holding ``node`` shows, or, when it shows
+    none, the one its callers in the module all show (the batch is built there and handed down); else None."""
     scope = ctx.enclosing_function(node) or ctx.module
+    own, seen = _scope_layout(ctx, scope, group)
+    if own is not None or seen or scope is ctx.module:
+        return own
+    from rlguard.lint.analysis.grad import call_sites
+
+    kinds = set()
+    for site in call_sites(ctx, scope):
+        caller = ctx.enclosing_function(site) or ctx.module
+        if caller is scope:
+            return None
+        kind, caller_seen = _scope_layout(ctx, caller, group)
+        if caller_seen and kind is None:
+            return None  # a caller shows both layouts
+        if kind is not None:
+            kinds.add(kind)
+    return next(iter(kinds)) if len(kinds) == 1 else None
+
+
+def _scope_layout(ctx, scope, group) -> tuple[str | None, bool]:
+    """(the one layout ``scope`` shows or None, whether it shows any)."""
     cache = ctx.cache.setdefault("groups.layout", {})
     key = (id(scope), _text(ctx, group))
     if key in cache:
@@ -140,7 +161,7 @@ def layout_in_scope(ctx, node: cst.CSTNode, group) -> str | None:
     comps = ctx.index.descendants(scope, cst.ListComp) if scope is not ctx.module else ctx.nodes(cst.ListComp)
     if any(_comprehension_repeat(ctx, c, group) for c in comps):
         found.add(CONTIGUOUS)
-    result = next(iter(found)) if len(found) == 1 else None
+    result = (next(iter(found)) if len(found) == 1 else None, bool(found))
     cache[key] = result
     return result
 

@@ -24,7 +24,7 @@ import libcst as cst
 
 from rlguard.lint.analysis import semantics as S
 from rlguard.lint.analysis.index import key_of
-from rlguard.lint.analysis.provenance import models
+from rlguard.lint.analysis.provenance import forwards, models
 
 _REF_WORD = re.compile(r"(?i)(^|_)(ref|reference)(_|$)")
 _ACTOR_WORD = re.compile(r"(?i)(^|_)(actor|policy)(_|$)")
@@ -185,4 +185,99 @@ def constant_routings(ctx) -> list[ConstantRouting]:
     return out
 
 
-__all__ = ["ConstantRouting", "UnusedSelection", "constant_routings", "unused_selections"]
+# outputs named as the reference's (log-probs come from the vocabulary's ref_logp role)
+REF_OUTPUT = re.compile(r"(?i)(ref|reference)_?(logits|outputs?|out|hidden_states|logits_\w+)")
+_ADAPTER_OFF = re.compile(r"(?i)disable_adapters?|null_ref_context|adapter_disabled|without_adapter")
+
+
+@dataclass(frozen=True)
+class PolicyReferenceOutput:
+    assign: cst.CSTNode  # the statement binding the reference-named output
+    target: str
+    forward: cst.Call  # the policy forward it comes from
+    reference: str  # the distinct reference object in scope
+
+
+def _reference_in_scope(ctx, mods, func) -> tuple[str, frozenset] | None:
+    """A reference model the function refers to, or one its class holds as an attribute (``self.ref_model``; a
+    local of another method is not in scope): (its text, its roots)."""
+    scopes = [func]
+    cls = ctx.enclosing_class(func)
+    if cls is not None:
+        scopes.append(cls)
+    for scope in scopes:
+        for node in ctx.index.descendants(scope, cst.Attribute, cst.Name):
+            if isinstance(node, cst.Name):
+                parent = ctx.index.parent_of(node)
+                if isinstance(parent, cst.Attribute) or scope is not func:
+                    continue
+            key = key_of(node)
+            if scope is not func and (key is None or not key.startswith("self.")):
+                continue
+            if key is None or not ctx.names.is_role(key.rsplit(".", 1)[-1], "ref_model"):
+                continue
+            m = mods.model(node)
+            if m is not None and m.role == "reference":
+                return ctx.code(node), m.roots
+    return None
+
+
+def policy_reference_outputs(ctx) -> list[PolicyReferenceOutput]:
+    """A reference-named output (``ref_logps``, ``ref_logits``) whose every forward is the policy's, in a function
+    that has a distinct reference model in scope, outside any branch on the reference and any adapter-disabling
+    context."""
+    mods = models(ctx)
+    out = []
+    for stmt in ctx.nodes(cst.Assign):
+        if len(stmt.targets) != 1:
+            continue
+        key = key_of(stmt.targets[0].target)
+        if key is None:
+            continue
+        name = key[key.rindex("['") + 2:-2] if key.endswith("']") else key.rsplit(".", 1)[-1]
+        if not (ctx.names.is_role(name, "ref_logp") or REF_OUTPUT.fullmatch(name)):
+            continue
+        func = ctx.enclosing_function(stmt)
+        if func is None or _guarded(ctx, stmt):
+            continue
+        origins = forwards(ctx, stmt.value)
+        if not origins or any(o.model is None or o.model.role != "policy" for o in origins):
+            continue
+        ref = _reference_in_scope(ctx, mods, func)
+        if ref is None or any(o.model.roots & ref[1] for o in origins):
+            continue
+        call = next((c for c in ctx.nodes(cst.Call) if any(id(c) == o.node_id for o in origins)), None)
+        if call is None or _guarded(ctx, call):
+            continue
+        out.append(PolicyReferenceOutput(stmt, name, call, ref[0]))
+    return out
+
+
+def _guarded(ctx, node) -> bool:
+    """Inside a branch whose test names the reference or an adapter (``if self.ref_model is None:``), or a
+    ``with`` that turns adapters off or binds a name (a context manager may hand back another model)."""
+    for anc in ctx.ancestors(node):
+        if isinstance(anc, cst.If) and (_mentions_reference(ctx, anc.test)):
+            return True
+        if isinstance(anc, cst.With) and any(item.asname is not None or _ADAPTER_OFF.search(ctx.code(item.item)) or
+                                             _ADAPTER_WORD.search(ctx.code(item.item)) for item in anc.items):
+            return True
+        if isinstance(anc, cst.IfExp) and _mentions_reference(ctx, anc.test):
+            return True
+    return False
+
+
+def _mentions_reference(ctx, test) -> bool:
+    if _ADAPTER_OFF.search(ctx.code(test)) or _ADAPTER_WORD.search(ctx.code(test)):
+        return True
+    for node in ctx.index.descendants(test, cst.Name, cst.Attribute) if not isinstance(test, (cst.Name, cst.Attribute)) \
+            else [test]:
+        key = key_of(node)
+        if key is not None and (ctx.names.is_role(key.rsplit(".", 1)[-1], "ref_model") or _REF_WORD.search(
+                key.rsplit(".", 1)[-1])):
+            return True
+    return False
+
+
+__all__ = ["ConstantRouting", "PolicyReferenceOutput", "UnusedSelection", "constant_routings",
+           "policy_reference_outputs", "unused_selections"]

@@ -12,7 +12,7 @@ from rlguard.lint.analysis import Analysis
 from rlguard.lint.analysis import semantics as S
 from rlguard.lint.analysis.index import key_of, children
 from rlguard.lint.analysis.provenance import Tup, models, objects
-from rlguard.lint.analysis.reference import constant_routings, unused_selections
+from rlguard.lint.analysis.reference import constant_routings, policy_reference_outputs, unused_selections
 from rlguard.lint.rule import Invalid, Rule, Valid, Violation
 
 PARAMS_METHODS = frozenset({"parameters", "named_parameters"})
@@ -116,6 +116,32 @@ class ReferenceAlias(Rule):
               "        self.ref_model = reference if reference is not None else copy.deepcopy(policy)\n",
               "a reference from the caller or a deep copy"),
             # ----- C11: reference outputs and who produces them -----
+        Valid("class TestHead:\n"
+              "    def test_copy(self):\n"
+              "        model_ref = build_model()\n"
+              "        assert model_ref is not None\n"
+              "\n"
+              "    def test_patched(self, ids):\n"
+              "        model = build_model()\n"
+              "        with torch.no_grad():\n"
+              "            ref_logits = model(ids).logits\n"
+              "        patch_head(model)\n"
+              "        assert_close(model(ids).logits, ref_logits)\n",
+              "'ref' is a test's expected output; the reference model is another method's local",
+              capability="FP", style="class"),
+        Valid("class KLTrainer:\n"
+              "    def __init__(self, model, ref_model):\n"
+              "        self.model, self.ref_model = model, ref_model\n"
+              "\n"
+              "    def ref_pass(self, ids):\n"
+              "        if self.ref_model is None:\n"
+              "            with self.model.disable_adapter():\n"
+              "                ref_logits = self.model(ids).logits\n"
+              "        else:\n"
+              "            ref_logits = self.ref_model(ids).logits\n"
+              "        return ref_logits\n",
+              "the policy stands in for the reference only when there is none, its adapter off",
+              capability="C11", style="class"),
         Valid("class Worker:\n"
               "    def logprobs(self, batches, tag):\n"
               "        if tag == 'ref' and self.ref_model is not None:\n"
@@ -186,6 +212,17 @@ class ReferenceAlias(Rule):
         Invalid("ref.load_state_dict(model.state_dict(), assign=True)\n", line=1, why="shared storage"),
         Invalid("self.ref_model = self.accelerator.unwrap_model(self.model)\n", line=1),
             # ----- C11: reference outputs produced by the policy -----
+        Invalid("class KLTrainer:\n"
+                "    def __init__(self, model, ref_model):\n"
+                "        self.model = model\n"
+                "        self.ref_model = ref_model\n"
+                "\n"
+                "    def ref_pass(self, ids):\n"
+                "        with torch.no_grad():\n"
+                "            ref_logits = self.model(ids).logits\n"
+                "        return ref_logits\n", line=8,
+                why="reference logits from the policy while a reference model exists", capability="C11",
+                style="class"),
         Invalid("class Worker:\n"
                 "    def logprobs(self, batches, tag):\n"
                 "        if tag == 'ref' and self.ref_model is not None:\n"
@@ -326,6 +363,11 @@ class ReferenceAlias(Rule):
                 yield Violation(sel.call, f"`{sel.selected}` selects the reference model ({ctx.code(sel.reference)}) "
                                           f"but is never run: this forward runs the policy, so the reference "
                                           f"outputs are the policy's own and the KL is 0; call `{sel.selected}(...)`")
+        # 6. a reference-named output computed by the policy's forward while a reference model is in scope (C11)
+        for found in policy_reference_outputs(ctx):
+            yield Violation(found.forward, f"`{found.target}` is computed by the policy's forward although a "
+                                           f"reference model ({found.reference}) is in scope: the reference outputs "
+                                           f"are the policy's own and the KL is 0; run the reference model")
         # 5. a constant flag that always takes reference outputs from the actor, adapters optional (C11)
         for routing in constant_routings(ctx):
             yield Violation(routing.assign, f"`{routing.flag}` is a constant, so reference outputs always come from "

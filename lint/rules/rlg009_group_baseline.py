@@ -173,6 +173,16 @@ class GroupBaseline(Rule):
               "adv = r - b.repeat(k)\n",
               "tiled batch grouped with view(G, -1) over dim 0 (the tiled layout's groups)",
               capability="C7", style="script"),
+        Valid("class Sampler:\n"
+              "    def collect(self, prompt_ids):\n"
+              "        ids = prompt_ids.repeat_interleave(self.num_generations, dim=0)\n"
+              "        scores = self.reward(self.policy.generate(ids))\n"
+              "        return self.advantages(scores)\n"
+              "\n"
+              "    def advantages(self, scores):\n"
+              "        rows = scores.view(-1, self.num_generations)\n"
+              "        return (rows - rows.mean(dim=1, keepdim=True)).view(-1)\n",
+              "the caller builds a contiguous batch", capability="C7", style="class"),
         # ----- C9: precedence idiom, clean look-alikes -----
         Valid("adv = (rewards - rewards.mean()) / (rewards.std() + 1e-8)\n", "parenthesised standardisation",
               capability="C9", style="script"),
@@ -293,6 +303,17 @@ class GroupBaseline(Rule):
                 "    return (rows - rows.mean(dim=-1, keepdim=True)).view(-1)\n", line=5,
                 why="a list tiled k times, grouped as if each question's answers were adjacent", capability="C7",
                 style="functional"),
+        Invalid("class Sampler:\n"
+                "    def collect(self, prompt_ids):\n"
+                "        tiled = prompt_ids.repeat(self.num_generations, 1)\n"
+                "        scores = self.reward(self.policy.generate(tiled))\n"
+                "        return self.advantages(scores)\n"
+                "\n"
+                "    def advantages(self, scores):\n"
+                "        rows = scores.view(-1, self.num_generations)\n"
+                "        return (rows - rows.mean(dim=1, keepdim=True)).view(-1)\n", line=9,
+                why="the batch is tiled in the caller, grouped as contiguous in the helper", capability="C7",
+                style="class"),
         # ----- C9: the standardisation precedence slip -----
         Invalid("adv = rewards - rewards.mean() / (rewards.std() + 1e-8)\n", line=1,
                 why="the mean is divided by the std, not the centred rewards", capability="C9", style="script"),
