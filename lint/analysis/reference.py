@@ -195,7 +195,7 @@ class PolicyReferenceOutput:
     assign: cst.CSTNode  # the statement binding the reference-named output
     target: str
     forward: cst.Call  # the policy forward it comes from
-    reference: str  # the distinct reference object in scope
+    reference: str | None  # the distinct reference object in scope; None: the module trains an adapter
 
 
 def _reference_in_scope(ctx, mods, func) -> tuple[str, frozenset] | None:
@@ -244,24 +244,45 @@ def policy_reference_outputs(ctx) -> list[PolicyReferenceOutput]:
         if not origins or any(o.model is None or o.model.role != "policy" for o in origins):
             continue
         ref = _reference_in_scope(ctx, mods, func)
-        if ref is None or any(o.model.roots & ref[1] for o in origins):
+        if ref is None and not _adapter_training(ctx):
+            continue
+        if ref is not None and any(o.model.roots & ref[1] for o in origins):
             continue
         call = next((c for c in ctx.nodes(cst.Call) if any(id(c) == o.node_id for o in origins)), None)
         if call is None or _guarded(ctx, call):
             continue
-        out.append(PolicyReferenceOutput(stmt, name, call, ref[0]))
+        out.append(PolicyReferenceOutput(stmt, name, call, ref[0] if ref is not None else None))
     return out
+
+
+_ADAPTER_BUILDERS = re.compile(r"(?:^|\.)(get_peft_model|LoraConfig|add_adapter|inject_adapter_in_model)$|"
+                               r"(?:^|\.)PeftModel\.from_pretrained$")
+
+
+def _adapter_training(ctx) -> bool:
+    """The module wraps a model with an adapter (PEFT's ``get_peft_model``, ``LoraConfig``, ``add_adapter``)."""
+    hit = ctx.cache.get("reference.adapters")
+    if hit is None:
+        hit = any(_ADAPTER_BUILDERS.search(ctx.call_name(c) or "") for c in ctx.nodes(cst.Call))
+        ctx.cache["reference.adapters"] = hit
+    return hit
+
+
+# context managers known not to change which weights a forward runs
+_PLAIN_CONTEXTS = re.compile(r"(?:^|\.)(no_grad|inference_mode|enable_grad|set_grad_enabled|autocast|nullcontext|"
+                             r"amp\.autocast|sdpa_kernel)$")
 
 
 def _guarded(ctx, node) -> bool:
     """Inside a branch whose test names the reference or an adapter (``if self.ref_model is None:``), or a
-    ``with`` that turns adapters off or binds a name (a context manager may hand back another model)."""
+    ``with`` other than a plain autograd/autocast context (it may turn adapters off or hand back another model)."""
     for anc in ctx.ancestors(node):
         if isinstance(anc, cst.If) and (_mentions_reference(ctx, anc.test)):
             return True
-        if isinstance(anc, cst.With) and any(item.asname is not None or _ADAPTER_OFF.search(ctx.code(item.item)) or
-                                             _ADAPTER_WORD.search(ctx.code(item.item)) for item in anc.items):
-            return True
+        if isinstance(anc, cst.With) and any(
+                item.asname is not None or not isinstance(item.item, cst.Call) or
+                not _PLAIN_CONTEXTS.search(ctx.call_name(item.item) or "") for item in anc.items):
+            return True  # an adapter-off or unknown context manager may change the weights the forward runs
         if isinstance(anc, cst.IfExp) and _mentions_reference(ctx, anc.test):
             return True
     return False

@@ -81,7 +81,7 @@ class ReferenceAlias(Rule):
     # every branch starts with a literal (fast to scan): a reference-model name, or a bare `ref = <policy-ish>`
     triggers = (r"ref(?:erence)?(?:_?(?:model|policy|net|module|actor|lm)\b|\s*=\s*[^=\n]*(?:model|policy|actor|"
                 r"copy\(|net\b|agent)|\.(?:named_)?parameters\(|\.load_state_dict)|frozen_(?:model|policy)"
-                r"|init(?:ial)?_(?:model|policy)|ref\w*_log_?p|compute_ref")
+                r"|init(?:ial)?_(?:model|policy)|ref\w*_log_?p|compute_ref|ref(?:erence)?_(?:logits|outputs?)")
     fixable = True
 
     VALID = [
@@ -115,7 +115,18 @@ class ReferenceAlias(Rule):
               "        self.policy = policy\n"
               "        self.ref_model = reference if reference is not None else copy.deepcopy(policy)\n",
               "a reference from the caller or a deep copy"),
-            # ----- C11: reference outputs and who produces them -----
+            Valid("model, tok = init_model(cfg, device)\n"
+              "optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr)\n",
+              "a factory named init_model builds the trained model: its name says what it does, the binding says "
+              "what the object is", capability="FP", style="script"),
+        # ----- C11: reference outputs and who produces them -----
+        Valid("def kl_step(base, cfg, ids):\n"
+              "    model = get_peft_model(base, LoraConfig(r=cfg.rank))\n"
+              "    with model.disable_adapter():\n"
+              "        ref_logits = model(ids).logits\n"
+              "    logits = model(ids).logits\n"
+              "    return logits, ref_logits\n",
+              "reference logits with the adapter disabled", capability="C11", style="functional"),
         Valid("class TestHead:\n"
               "    def test_copy(self):\n"
               "        model_ref = build_model()\n"
@@ -212,6 +223,14 @@ class ReferenceAlias(Rule):
         Invalid("ref.load_state_dict(model.state_dict(), assign=True)\n", line=1, why="shared storage"),
         Invalid("self.ref_model = self.accelerator.unwrap_model(self.model)\n", line=1),
             # ----- C11: reference outputs produced by the policy -----
+        Invalid("def kl_step(base, cfg, ids):\n"
+                "    model = get_peft_model(base, LoraConfig(r=cfg.rank))\n"
+                "    with torch.no_grad():\n"
+                "        ref_logits = model(ids).logits\n"
+                "    logits = model(ids).logits\n"
+                "    return logits, ref_logits\n", line=4,
+                why="the adapter is trained and still on for the reference pass", capability="C11",
+                style="functional"),
         Invalid("class KLTrainer:\n"
                 "    def __init__(self, model, ref_model):\n"
                 "        self.model = model\n"
@@ -328,7 +347,7 @@ class ReferenceAlias(Rule):
             if isinstance(found, Tup):
                 return False
             return bool({o.key for o in found} & ref_roots) or any(names.is_role(n, "ref_model")
-                                                                   for o in found for n in o.names)
+                                                                   for o in found for n in _binding_names(o))
 
         for call in ctx.nodes(cst.Call):
             # 2. the reference's parameters in an optimizer
@@ -365,15 +384,30 @@ class ReferenceAlias(Rule):
                                           f"outputs are the policy's own and the KL is 0; call `{sel.selected}(...)`")
         # 6. a reference-named output computed by the policy's forward while a reference model is in scope (C11)
         for found in policy_reference_outputs(ctx):
-            yield Violation(found.forward, f"`{found.target}` is computed by the policy's forward although a "
-                                           f"reference model ({found.reference}) is in scope: the reference outputs "
-                                           f"are the policy's own and the KL is 0; run the reference model")
+            if found.reference is not None:
+                yield Violation(found.forward, f"`{found.target}` is computed by the policy's forward although a "
+                                               f"reference model ({found.reference}) is in scope: the reference "
+                                               f"outputs are the policy's own and the KL is 0; run the reference model")
+            else:
+                yield Violation(found.forward, f"`{found.target}` is computed by the policy with its adapter on (the "
+                                               f"module trains a PEFT adapter): the reference outputs are the "
+                                               f"policy's own and the KL is 0; compute them under `with "
+                                               f"model.disable_adapter():`")
         # 5. a constant flag that always takes reference outputs from the actor, adapters optional (C11)
         for routing in constant_routings(ctx):
             yield Violation(routing.assign, f"`{routing.flag}` is a constant, so reference outputs always come from "
                                             f"`{ctx.code(routing.live.func)}` (the actor with its adapter "
                                             f"disabled); without an adapter that is the live policy and the KL is 0: "
                                             f"derive the flag from the adapter setting")
+
+
+def _binding_names(obj) -> tuple[str, ...]:
+    """The names an object is bound to. For an object built by a call, the call's own name (its first name) is what
+    the factory does, not the object's role (``model = init_model(cfg)`` is no "initial model" reference) unless it
+    is the only name there is."""
+    if (obj.kind in ("new", "opaque") or obj.key.startswith(("new@", "call@"))) and len(obj.names) > 1:
+        return obj.names[1:]
+    return obj.names
 
 
 def _bare(key: str) -> str:
