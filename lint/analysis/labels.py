@@ -125,4 +125,15 @@ def population(label: str) -> str | None:
     return "group" if group else "batch"
 
 
-__all__ = ["BranchLabel", "branch_label", "population", "token_aggregation"]
+NONE_LABELS = frozenset({"none", "no", "off", "identity", "disabled", "false"})
+_SCALING_SUBJECT = re.compile(r"(?i)\w*(scal|norm|std|whiten|standardi[sz])\w*")
+
+
+def disables_scaling(label: BranchLabel) -> bool:
+    """A branch of a scaling/normalisation switch (``scale_rewards``, ``adv_norm``) selected by "none"/"off"."""
+    subject = (label.subject or "").rsplit(".", 1)[-1].rsplit("[", 1)[-1].strip("'\"]")
+    return bool(label.labels) and all(t.lower() in NONE_LABELS for t in label.labels) and bool(
+        _SCALING_SUBJECT.fullmatch(subject))
+
+
+__all__ = ["BranchLabel", "branch_label", "disables_scaling", "population", "token_aggregation"]

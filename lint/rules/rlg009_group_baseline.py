@@ -13,7 +13,7 @@ from rlguard.lint.analysis import semantics as S
 from rlguard.lint.analysis.grad import call_sites
 from rlguard.lint.analysis.groups import INTERLEAVED, batch_axis_source, double_strided, layout_in_scope, one_group_size
 from rlguard.lint.analysis.index import key_of, children
-from rlguard.lint.analysis.labels import branch_label, population
+from rlguard.lint.analysis.labels import branch_label, disables_scaling, population
 from rlguard.lint.rule import Invalid, Rule, Valid, Violation
 
 # Names of a group size (samples per prompt). Plain `samples`, `rollouts`, `k` are not: they name lists and indices.
@@ -52,6 +52,8 @@ class GroupBaseline(Rule):
       callers in the module work with groups (a group size or group count in view there);
     - **branch labels** (C10): a branch selected by a per-group label (`if norm == "per_group":`, `case
       "per_prompt":`) that centres on the whole batch's mean;
+    - a branch of a scaling switch selected by `"none"`/`"off"` (`if cfg.scale_rewards == "none":`) that still
+      divides the rewards by their standard deviation (C10);
     - **precedence** (C9): `x - x.mean() / (x.std() + eps)`, which divides the mean, not the centred values.
 
     Not flagged: `rewards.view(-1, G).mean(dim=1, keepdim=True)`, TRL's `rewards.view(-1,
@@ -95,7 +97,7 @@ class GroupBaseline(Rule):
                 r"(?i)group_?size|generations|samples_per|num_samples|n_samples|rollouts?_per|responses_per|"
                 r"completions_per|return_sequences|rloo_k|repeat_times|rollout_n|n_rollouts|num_rollouts|"
                 r"repeat_interleave|\bg\b|groups?_?(?:num|count|len)|n(?:um)?_groups|mean\([^()]*\)\s*/"
-                r"|['\"](?:per_)?(?:group|prompt)['\"]")
+                r"|['\"](?:per_)?(?:group|prompt)['\"]|(?:scal|norm|std)\w*\s*==\s*['\"](?:none|off|no)['\"]")
 
     VALID = [
         Valid("def adv(rewards, G):\n    grouped = rewards.view(-1, G)\n"
@@ -210,6 +212,25 @@ class GroupBaseline(Rule):
               "    rr = r.view(-1, G)\n"
               "    a = (rr - rr.mean(1, keepdim=True)).view(-1)\n",
               "'per_prompt' label with a per-group mean", capability="C10", style="script"),
+        Valid("class Adv:\n"
+              "    def __call__(self, rewards):\n"
+              "        g = rewards.view(-1, self.num_generations)\n"
+              "        centred = (g - g.mean(dim=1, keepdim=True)).view(-1)\n"
+              "        if self.cfg.adv_norm == 'none':\n"
+              "            return centred\n"
+              "        std = g.std(dim=1).repeat_interleave(self.num_generations)\n"
+              "        return centred / (std + 1e-4)\n",
+              "the 'none' branch leaves the advantages unscaled", capability="C10", style="class"),
+        Valid("def advantages(batch, cfg, mean):\n"
+              "    rewards = batch['rewards']\n"
+              "    if cfg.scale_rewards == 'none':\n"
+              "        std = torch.ones_like(rewards)\n"
+              "    else:\n"
+              "        std = rewards.std()\n"
+              "    batch['advantages'] = (rewards - mean) / (std + 1e-4)\n"
+              "    return batch\n",
+              "the 'none' branch sets the divisor to ones; the division is outside the branch", capability="C10",
+              style="framework"),
         # ----- FP: a batch that is one group -----
         Valid("def rollout_prompt(policy, prompt, G):\n"
               "    outs = [policy.generate(prompt) for _ in range(G)]\n"
@@ -265,6 +286,20 @@ class GroupBaseline(Rule):
                 "        return self.baseline(rewards)\n", line=5,
                 why="a flat parameter reduced over dim 0 (the batch), its caller holds the grouped batch",
                 capability="C5", style="class"),
+        Invalid("def advantages(rewards, group_size, scale_rewards):\n"
+                "    g = rewards.view(-1, group_size)\n"
+                "    mean = g.mean(dim=1).repeat_interleave(group_size)\n"
+                "    std = g.std(dim=1).repeat_interleave(group_size)\n"
+                "    if scale_rewards == 'none':\n"
+                "        return (rewards - mean) / (std + 1e-4)\n"
+                "    return rewards - mean\n", line=6,
+                why="the 'none' branch and the default one swapped", capability="C10", style="functional"),
+        Invalid("def whiten(batch, cfg):\n"
+                "    r = batch['rewards']\n"
+                "    if cfg.algorithm.adv_norm == 'off':\n"
+                "        batch['advantages'] = r / (r.std() + 1e-6)\n"
+                "    return batch\n", line=4,
+                why="an 'off' normalisation branch that scales by the std", capability="C10", style="framework"),
         # ----- C7: batch layouts and group windows -----
         Invalid("def normalise(adv, group_size):\n"
                 "    out = []\n"
@@ -384,6 +419,20 @@ class GroupBaseline(Rule):
             yield Violation(op, "rewards are centred on the whole batch's mean, not each group's own: easy prompts "
                                 "get positive advantages for every sample; use rewards.view(-1, G).mean(dim=1, "
                                 "keepdim=True) as the baseline")
+
+        # 4. a "none" scaling branch that still divides by a standard deviation (C10)
+        for op in ctx.nodes(cst.BinaryOperation):
+            if not isinstance(op.operator, cst.Divide):
+                continue
+            label = branch_label(ctx, op)
+            scaled = op.left
+            while isinstance(scaled, cst.BinaryOperation) and isinstance(scaled.operator, cst.Subtract):
+                scaled = scaled.left  # (rewards - baseline) / std: the rewards are what is scaled
+            if label is None or not disables_scaling(label) or not groups.reward_like(scaled):
+                continue
+            if groups.std_of_rewards(op.right):
+                yield Violation(op, f"the branch {label.labels[0]!r} says no scaling, but it divides by a standard "
+                                    f"deviation: the mode still scales the advantages")
 
         # 3. group windows from a loop index that already steps by the group size, scaled by it again (C7)
         for loop in ctx.nodes(cst.For):
@@ -526,6 +575,34 @@ class _Groups:
             if isinstance(value, cst.Call) and (self.ctx.call_name(value) or "") in ("torch.stack",):
                 return None
         return expr
+
+    def std_of_rewards(self, expr) -> bool:
+        """``r.std()``, ``torch.std(r)``, ``r.var().sqrt()`` (plus an epsilon, through names) of reward-like values."""
+        ctx = self.ctx
+        expr = self.resolve(expr)
+        if isinstance(expr, cst.BinaryOperation) and isinstance(expr.operator, cst.Add):
+            left, right = self.resolve(expr.left), self.resolve(expr.right)
+            expr = left if S.number_value(right) is not None else right if S.number_value(left) is not None else expr
+        expr = self.resolve(expr)
+        while isinstance(expr, cst.Call) and ctx.method(expr) in ("sqrt", "clamp", "clamp_min", "clip",
+                                                                  "repeat_interleave", "expand_as"):
+            inner = S.receiver(expr)
+            if ctx.method(expr) == "sqrt" and isinstance(inner, cst.Call) and ctx.method(inner) == "var":
+                expr = inner
+                break
+            expr = self.resolve(inner)
+        if not isinstance(expr, cst.Call):
+            return False
+        if ctx.method(expr) in ("std", "var"):
+            src = S.receiver(expr)
+        elif (ctx.call_name(expr) or "") in ("torch.std", "numpy.std"):
+            src = expr.args[0].value if expr.args else None
+        else:
+            return False
+        if src is None:
+            return False
+        layout = self.view_layout(src)
+        return self.reward_like(layout[1].func.value if layout is not None else src)
 
     def reward_like(self, expr) -> bool:
         names = self._names(expr)
