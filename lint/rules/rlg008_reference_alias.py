@@ -12,6 +12,7 @@ from rlguard.lint.analysis import Analysis
 from rlguard.lint.analysis import semantics as S
 from rlguard.lint.analysis.index import key_of, children
 from rlguard.lint.analysis.provenance import Tup, models, objects
+from rlguard.lint.analysis.reference import constant_routings, policy_reference_outputs, unused_selections
 from rlguard.lint.rule import Invalid, Rule, Valid, Violation
 
 PARAMS_METHODS = frozenset({"parameters", "named_parameters"})
@@ -33,9 +34,19 @@ class ReferenceAlias(Rule):
     - the reference's parameters handed to an optimizer: `torch.optim.Adam(list(model.parameters()) +
       list(ref_model.parameters()))`, `optimizer.add_param_group({"params": ref.parameters()})`.
 
+    - reference *outputs* produced by the policy (C11): a function selects the reference into a local (`net =
+      self.ref_model` in one branch, `net = self.policy` in the other, or `a if cond else b`), only moves it
+      (`net.eval()`, `net.cuda()`), and runs the policy's forward instead (`self.policy(ids)`); or a flag bound
+      once to a constant (`self.ref_on_actor = True`) decides between a separate reference worker and the actor
+      for reference log-probs while the module shows adapters are optional (a branch on a LoRA/adapter flag):
+      "the actor with its adapter disabled" is then the live policy whenever no adapter is configured.
+
     Not flagged: `copy.deepcopy(model).eval()`, `AutoModelForCausalLM.from_pretrained(...)`,
     `create_reference_model(model)` (TRL), `ref_model = None` with `with model.disable_adapter():` (the PEFT way),
-    `ref_model.load_state_dict(model.state_dict())` (a copy). An `a if cond else model` fallback is not flagged.
+    `ref_model.load_state_dict(model.state_dict())` (a copy). An `a if cond else model` fallback is not flagged;
+    nor a selected model that is run or handed to a helper, nor a routing flag derived from the adapter setting.
+    Whether a worker's reference pass really disables an adapter is runtime state: the `ref_is_policy` contract
+    (KL to the reference > 0 after a step) checks it.
 
     ## Why it is wrong
     The KL penalty measures how far the policy moved from where it started. If the reference is the policy, the
@@ -70,7 +81,7 @@ class ReferenceAlias(Rule):
     # every branch starts with a literal (fast to scan): a reference-model name, or a bare `ref = <policy-ish>`
     triggers = (r"ref(?:erence)?(?:_?(?:model|policy|net|module|actor|lm)\b|\s*=\s*[^=\n]*(?:model|policy|actor|"
                 r"copy\(|net\b|agent)|\.(?:named_)?parameters\(|\.load_state_dict)|frozen_(?:model|policy)"
-                r"|init(?:ial)?_(?:model|policy)")
+                r"|init(?:ial)?_(?:model|policy)|ref\w*_log_?p|compute_ref|ref(?:erence)?_(?:logits|outputs?)")
     fixable = True
 
     VALID = [
@@ -79,7 +90,7 @@ class ReferenceAlias(Rule):
         Valid("from trl import create_reference_model\nref_model = create_reference_model(model)\n",
               "TRL helper from another module"),
         Valid("ref_model = None\nwith model.disable_adapter():\n    ref_logits = model(ids).logits\n",
-              "PEFT: adapter disabled for the reference pass"),
+              "PEFT: adapter disabled for the reference pass", capability="C11", style="script"),
         Valid("ref_model = build_model(cfg)\nref_model.load_state_dict(model.state_dict())\n",
               "load_state_dict copies the values"),
         Valid("class Trainer:\n    def __init__(self, model, ref_model):\n        self.model = model\n"
@@ -104,6 +115,94 @@ class ReferenceAlias(Rule):
               "        self.policy = policy\n"
               "        self.ref_model = reference if reference is not None else copy.deepcopy(policy)\n",
               "a reference from the caller or a deep copy"),
+            Valid("model, tok = init_model(cfg, device)\n"
+              "optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr)\n",
+              "a factory named init_model builds the trained model: its name says what it does, the binding says "
+              "what the object is", capability="FP", style="script"),
+        # ----- C11: reference outputs and who produces them -----
+        Valid("def kl_step(base, cfg, ids):\n"
+              "    model = get_peft_model(base, LoraConfig(r=cfg.rank))\n"
+              "    with model.disable_adapter():\n"
+              "        ref_logits = model(ids).logits\n"
+              "    logits = model(ids).logits\n"
+              "    return logits, ref_logits\n",
+              "reference logits with the adapter disabled", capability="C11", style="functional"),
+        Valid("class TestHead:\n"
+              "    def test_copy(self):\n"
+              "        model_ref = build_model()\n"
+              "        assert model_ref is not None\n"
+              "\n"
+              "    def test_patched(self, ids):\n"
+              "        model = build_model()\n"
+              "        with torch.no_grad():\n"
+              "            ref_logits = model(ids).logits\n"
+              "        patch_head(model)\n"
+              "        assert_close(model(ids).logits, ref_logits)\n",
+              "'ref' is a test's expected output; the reference model is another method's local",
+              capability="FP", style="class"),
+        Valid("class KLTrainer:\n"
+              "    def __init__(self, model, ref_model):\n"
+              "        self.model, self.ref_model = model, ref_model\n"
+              "\n"
+              "    def ref_pass(self, ids):\n"
+              "        if self.ref_model is None:\n"
+              "            with self.model.disable_adapter():\n"
+              "                ref_logits = self.model(ids).logits\n"
+              "        else:\n"
+              "            ref_logits = self.ref_model(ids).logits\n"
+              "        return ref_logits\n",
+              "the policy stands in for the reference only when there is none, its adapter off",
+              capability="C11", style="class"),
+        Valid("class Worker:\n"
+              "    def logprobs(self, batches, tag):\n"
+              "        if tag == 'ref' and self.ref_model is not None:\n"
+              "            net = self.ref_model\n"
+              "            net.eval()\n"
+              "        else:\n"
+              "            net = self.policy\n"
+              "        return [net(b['ids']).logits for b in batches]\n",
+              "the selected model runs the forward", capability="C11", style="class"),
+        Valid("def score(policy, ref_model, ids, which):\n"
+              "    m = ref_model if which == 'ref' else policy\n"
+              "    m.eval()\n"
+              "    with torch.no_grad():\n"
+              "        return m(ids).logits\n",
+              "a conditional selection that is run", capability="C11", style="functional"),
+        Valid("def main(model, ref_model, ids, use_ref):\n"
+              "    if use_ref:\n"
+              "        net = ref_model\n"
+              "    else:\n"
+              "        net = model\n"
+              "    net.cuda()\n"
+              "    out = forward_logits(net, ids)\n"
+              "    lp = model(ids).logits\n",
+              "the selection is handed to a helper; the policy's own forward is another pass",
+              capability="C11", style="script"),
+        Valid("class Trainer:\n"
+              "    def __init__(self, cfg):\n"
+              "        self.ref_on_actor = cfg.model.lora_rank > 0\n"
+              "\n"
+              "    def step(self, batch):\n"
+              "        if self.use_lora:\n"
+              "            self.sync_adapter()\n"
+              "        if self.ref_on_actor:\n"
+              "            ref_lp = self.actor_wg.compute_ref_log_prob(batch)\n"
+              "        else:\n"
+              "            ref_lp = self.ref_wg.compute_ref_log_prob(batch)\n"
+              "        return ref_lp\n",
+              "the routing flag follows the adapter setting", capability="C11", style="framework"),
+        Valid("class Trainer:\n"
+              "    def __init__(self, cfg):\n"
+              "        self.ref_on_actor = True\n"
+              "\n"
+              "    def step(self, batch):\n"
+              "        if self.ref_on_actor:\n"
+              "            ref_lp = self.actor_wg.compute_ref_log_prob(batch)\n"
+              "        else:\n"
+              "            ref_lp = self.ref_wg.compute_ref_log_prob(batch)\n"
+              "        return ref_lp\n",
+              "a constant flag in a module whose adapter is not optional (no branch on it)",
+              capability="C11", style="framework"),
     ]
     INVALID = [
         Invalid("ref_model = model\n", line=1),
@@ -123,9 +222,93 @@ class ReferenceAlias(Rule):
         Invalid("ref_model = model.get_base_model()\n", line=1, why="PEFT base still runs the adapter"),
         Invalid("ref.load_state_dict(model.state_dict(), assign=True)\n", line=1, why="shared storage"),
         Invalid("self.ref_model = self.accelerator.unwrap_model(self.model)\n", line=1),
+            # ----- C11: reference outputs produced by the policy -----
+        Invalid("def kl_step(base, cfg, ids):\n"
+                "    model = get_peft_model(base, LoraConfig(r=cfg.rank))\n"
+                "    with torch.no_grad():\n"
+                "        ref_logits = model(ids).logits\n"
+                "    logits = model(ids).logits\n"
+                "    return logits, ref_logits\n", line=4,
+                why="the adapter is trained and still on for the reference pass", capability="C11",
+                style="functional"),
+        Invalid("class KLTrainer:\n"
+                "    def __init__(self, model, ref_model):\n"
+                "        self.model = model\n"
+                "        self.ref_model = ref_model\n"
+                "\n"
+                "    def ref_pass(self, ids):\n"
+                "        with torch.no_grad():\n"
+                "            ref_logits = self.model(ids).logits\n"
+                "        return ref_logits\n", line=8,
+                why="reference logits from the policy while a reference model exists", capability="C11",
+                style="class"),
+        Invalid("class Worker:\n"
+                "    def logprobs(self, batches, tag):\n"
+                "        if tag == 'ref' and self.ref_model is not None:\n"
+                "            net = self.ref_model\n"
+                "            net.eval()\n"
+                "        else:\n"
+                "            net = self.policy\n"
+                "        out = []\n"
+                "        for b in batches:\n"
+                "            out.append(self.policy(b['ids']).logits)\n"
+                "        return out\n", line=10,
+                why="the reference is selected, the policy runs", capability="C11", style="class"),
+        Invalid("def score(policy, ref_model, ids, which):\n"
+                "    m = ref_model if which == 'ref' else policy\n"
+                "    m.eval()\n"
+                "    with torch.no_grad():\n"
+                "        return policy(ids).logits\n", line=5,
+                why="a conditional selection never run", capability="C11", style="functional"),
+        Invalid("def main(model, ref_model, ids, use_ref):\n"
+                "    if use_ref:\n"
+                "        net = ref_model\n"
+                "    else:\n"
+                "        net = model\n"
+                "    net.cuda()\n"
+                "    with torch.no_grad():\n"
+                "        ref_out = model.generate(ids)\n", line=8,
+                why="reference generations from the policy", capability="C11", style="script"),
+        Invalid("class Trainer:\n"
+                "    def __init__(self, cfg):\n"
+                "        self.use_lora = cfg.model.lora_rank > 0\n"
+                "        self.ref_on_actor = True\n"
+                "\n"
+                "    def step(self, batch):\n"
+                "        if self.use_lora:\n"
+                "            self.sync_adapter()\n"
+                "        if self.ref_on_actor:\n"
+                "            ref_lp = self.actor_wg.compute_ref_log_prob(batch)\n"
+                "        else:\n"
+                "            ref_lp = self.ref_wg.compute_ref_log_prob(batch)\n"
+                "        return ref_lp\n", line=4,
+                why="a constant flag always takes reference log-probs from the actor, LoRA optional",
+                capability="C11", style="framework"),
+        Invalid("class Pipeline:\n"
+                "    def setup(self, cfg):\n"
+                "        self.separate_ref = False\n"
+                "        if cfg.peft is not None:\n"
+                "            self.wrap()\n"
+                "\n"
+                "    def ref_pass(self, data):\n"
+                "        if self.separate_ref:\n"
+                "            ref_logp = self.ref_worker.infer(data)\n"
+                "        else:\n"
+                "            ref_logp = self.actor_worker.infer(data)\n"
+                "        return ref_logp\n", line=3,
+                why="the flag, False, always selects the actor branch", capability="C11", style="framework"),
+        Invalid("class Scorer:\n"
+                "    def ref_logits(self, ids, use_frozen):\n"
+                "        chosen = self.actor\n"
+                "        if use_frozen:\n"
+                "            chosen = self.ref_model\n"
+                "        chosen.to(ids.device)\n"
+                "        return self.actor.forward(ids).logits\n", line=7,
+                why="a chosen model moved but the actor runs", capability="C11", style="class"),
     ]
 
     def check(self, ctx: Analysis) -> Iterator[Violation]:
+        yield from self._reference_outputs(ctx)
         model_of = models(ctx)
         objs = objects(ctx)
         names = ctx.names
@@ -164,7 +347,7 @@ class ReferenceAlias(Rule):
             if isinstance(found, Tup):
                 return False
             return bool({o.key for o in found} & ref_roots) or any(names.is_role(n, "ref_model")
-                                                                   for o in found for n in o.names)
+                                                                   for o in found for n in _binding_names(o))
 
         for call in ctx.nodes(cst.Call):
             # 2. the reference's parameters in an optimizer
@@ -190,6 +373,41 @@ class ReferenceAlias(Rule):
                         yield Violation(call, "load_state_dict(..., assign=True) makes the reference's parameters "
                                               "the policy's own tensors (shared storage); drop assign=True to copy "
                                               "values")
+
+
+    def _reference_outputs(self, ctx: Analysis) -> Iterator[Violation]:
+        # 4. a reference selected into a local that is never run, the policy run instead (C11)
+        for func in ctx.nodes(cst.FunctionDef):
+            for sel in unused_selections(ctx, func):
+                yield Violation(sel.call, f"`{sel.selected}` selects the reference model ({ctx.code(sel.reference)}) "
+                                          f"but is never run: this forward runs the policy, so the reference "
+                                          f"outputs are the policy's own and the KL is 0; call `{sel.selected}(...)`")
+        # 6. a reference-named output computed by the policy's forward while a reference model is in scope (C11)
+        for found in policy_reference_outputs(ctx):
+            if found.reference is not None:
+                yield Violation(found.forward, f"`{found.target}` is computed by the policy's forward although a "
+                                               f"reference model ({found.reference}) is in scope: the reference "
+                                               f"outputs are the policy's own and the KL is 0; run the reference model")
+            else:
+                yield Violation(found.forward, f"`{found.target}` is computed by the policy with its adapter on (the "
+                                               f"module trains a PEFT adapter): the reference outputs are the "
+                                               f"policy's own and the KL is 0; compute them under `with "
+                                               f"model.disable_adapter():`")
+        # 5. a constant flag that always takes reference outputs from the actor, adapters optional (C11)
+        for routing in constant_routings(ctx):
+            yield Violation(routing.assign, f"`{routing.flag}` is a constant, so reference outputs always come from "
+                                            f"`{ctx.code(routing.live.func)}` (the actor with its adapter "
+                                            f"disabled); without an adapter that is the live policy and the KL is 0: "
+                                            f"derive the flag from the adapter setting")
+
+
+def _binding_names(obj) -> tuple[str, ...]:
+    """The names an object is bound to. For an object built by a call, the call's own name (its first name) is what
+    the factory does, not the object's role (``model = init_model(cfg)`` is no "initial model" reference) unless it
+    is the only name there is."""
+    if (obj.kind in ("new", "opaque") or obj.key.startswith(("new@", "call@"))) and len(obj.names) > 1:
+        return obj.names[1:]
+    return obj.names
 
 
 def _bare(key: str) -> str:

@@ -9,6 +9,7 @@ import libcst as cst
 from rlguard.lint.analysis import Analysis
 from rlguard.lint.analysis import semantics as S
 from rlguard.lint.analysis.index import key_of
+from rlguard.lint.analysis.labels import branch_label, token_aggregation
 from rlguard.lint.analysis.losses import losses
 from rlguard.lint.analysis.signs import signs
 from rlguard.lint.rule import Invalid, Rule, Valid, Violation
@@ -31,7 +32,9 @@ class LengthBias(Rule):
     A per-row token mean (`.sum(-1)` over the mask divided by the mask's row count) that is then averaged over
     rows (`.mean()`, `torch.mean`, `.sum() / n`). Aliases are followed. The rule stays silent when the aggregation
     is one branch of an explicit mode switch (`if loss_mode == "seq_mean_token_mean":`, a `match` case): that is a
-    deliberate, configurable choice.
+    deliberate, configurable choice, unless the branch's label contradicts what it computes (C10): a branch
+    labelled as summing each sequence's tokens (`"seq-mean-token-sum"`, `"token_sum"`, `"sum_tokens"`) that takes
+    their per-sequence mean (`masked_mean(x, mask, dim=-1)`, `(x * mask).sum(-1) / mask.sum(-1)`) is flagged.
 
     ## Why it is wrong
     Each sequence gets the same total weight, so each token of a long sequence weighs less than a token of a short
@@ -74,7 +77,8 @@ class LengthBias(Rule):
               "Dr. GRPO: sequence sum over a constant"),
         Valid("if loss_mode == 'seq_mean_token_mean':\n"
               "    per_seq = (values * mask).sum(-1) / mask.sum(-1).clamp(min=1)\n"
-              "    loss = per_seq.sum() / n_seqs\n", "an explicit, configurable mode"),
+              "    loss = per_seq.sum() / n_seqs\n", "an explicit, configurable mode", capability="C10",
+              style="script"),
         Valid("seq_lens = mask.sum(-1)\nstats['len'] = seq_lens.float().mean().item()\n", "lengths only logged"),
         Valid("per_seq_reward = (token_rewards * mask).sum(-1)\nloss = -(per_seq_reward.mean())\n",
               "a sum per sequence, no per-sequence mean"),
@@ -88,6 +92,26 @@ class LengthBias(Rule):
         Valid("per_seq = (ratio * mask).sum(-1) / mask.sum(-1)\n"
               "metrics['is_ratio_seq_mean'] = per_seq.mean()\n",
               "stored in a metrics dict"),
+            # ----- C10: branch labels against what the branch computes -----
+        Valid("def reduce_loss(per_tok, m, agg):\n"
+              "    if agg == 'seq-mean-token-sum':\n"
+              "        per_seq = (per_tok * m).sum(-1)\n"
+              "        return per_seq.mean()\n"
+              "    return (per_tok * m).sum() / m.sum()\n",
+              "a token-sum label that sums each row's tokens", capability="C10", style="functional"),
+        Valid("class Loss:\n"
+              "    def aggregate(self, lm, mask):\n"
+              "        if self.mode == 'seq_mean_token_mean':\n"
+              "            rows = masked_mean(lm, mask, dim=-1)\n"
+              "            return rows.mean()\n"
+              "        return masked_mean(lm, mask)\n",
+              "a token-mean label that takes each row's mean: the mode says so", capability="C10", style="class"),
+        Valid("def agg(loss, batch, cfg):\n"
+              "    m = batch['response_mask']\n"
+              "    if cfg.loss_agg == 'seq-mean-token-sum-norm':\n"
+              "        return (loss * m).sum(-1).sum() / cfg.max_response_len\n"
+              "    return (loss * m).sum() / m.sum()\n",
+              "Dr. GRPO's token-sum over a constant", capability="C10", style="framework"),
     ]
     INVALID = [
         Invalid("loss = ((per_token_loss * completion_mask).sum(dim=1) / completion_mask.sum(dim=1)).mean()\n",
@@ -101,6 +125,32 @@ class LengthBias(Rule):
                 line=1, why="torch functions"),
         Invalid("m = batch['action_mask']\nper_seq = masked_mean(token_loss, m, axis=1)\nloss = per_seq.mean()\n",
                 line=3, why="alias of the mask, axis keyword"),
+            # ----- C10: a token-sum label whose branch takes each sequence's token mean -----
+        Invalid("def reduce_loss(per_tok, m, agg):\n"
+                "    if agg == 'seq-mean-token-sum':\n"
+                "        per_seq = masked_mean(per_tok, m, dim=-1)\n"
+                "        return per_seq.mean()\n"
+                "    return (per_tok * m).sum() / m.sum()\n", line=3,
+                why="the label says token-sum, the branch takes the row mean", capability="C10", style="functional"),
+        Invalid("def agg(loss, batch, cfg):\n"
+                "    resp_mask = batch['response_mask']\n"
+                "    if cfg.loss_agg == 'sum_tokens':\n"
+                "        rows = (loss * resp_mask).sum(-1) / resp_mask.sum(-1).clamp(min=1)\n"
+                "        return (rows * batch['w']).sum() / resp_mask.shape[0]\n"
+                "    return (loss * resp_mask).sum() / resp_mask.sum()\n", line=4,
+                why="a dict batch, config label, divide form", capability="C10", style="framework"),
+        Invalid("class Loss:\n"
+                "    def aggregate(self, lm, mask):\n"
+                "        match self.mode:\n"
+                "            case 'token_sum':\n"
+                "                rows = masked_mean(lm, mask, dim=1)\n"
+                "                return rows.sum() / lm.size(0)\n"
+                "            case _:\n"
+                "                return masked_mean(lm, mask)\n", line=5,
+                why="a match case labelled token_sum", capability="C10", style="class"),
+        Invalid("if agg in ('token-sum', 'seq-mean-token-sum'):\n"
+                "    s = (l * mask).sum(1) / (mask.sum(1) + 1e-8)\n"
+                "    loss = s.mean()\n", line=2, why="a label set, all token-sum", capability="C10", style="script"),
     ]
 
     def check(self, ctx: Analysis) -> Iterator[Violation]:
@@ -109,6 +159,12 @@ class LengthBias(Rule):
             inner = agg.sequence_mean_of(call)
             if inner is not None and agg.per_sequence_mean(inner) and not _mode_switch(ctx, call) and agg.in_loss(call):
                 yield Violation(call, _MESSAGE)
+        # a branch labelled as summing each sequence's tokens that takes their mean (C10)
+        for node in ctx.nodes(cst.Call, cst.BinaryOperation):
+            if agg.direct_sequence_mean(node):
+                label = branch_label(ctx, node)
+                if label is not None and {token_aggregation(t) for t in label.labels} == {"sum"}:
+                    yield Violation(node, _LABEL_MESSAGE.format(label=label.labels[0]))
         for op in ctx.nodes(cst.BinaryOperation):
             if not isinstance(op.operator, cst.Divide) or not isinstance(op.left, cst.Call):
                 continue
@@ -121,6 +177,11 @@ class LengthBias(Rule):
 _MESSAGE = ("the loss is a mean over sequences of per-sequence token means, so tokens of long sequences weigh less "
             "(length bias); use one token mean over the batch, (loss * mask).sum() / mask.sum(), or Dr. GRPO's "
             ".sum(-1) / max_len")
+
+
+_LABEL_MESSAGE = ("the branch {label!r} says each sequence's tokens are summed, but it takes their per-sequence mean "
+                  "(a sum divided by the mask's row count): the mode computes another mode's aggregation, and "
+                  "tokens of long sequences weigh less; sum the masked tokens of each row")
 
 
 class _Aggregation:
@@ -186,6 +247,15 @@ class _Aggregation:
         if isinstance(expr, cst.BinaryOperation) and isinstance(expr.operator, cst.Divide):
             return self.row_sum(expr.left, need_mask=False) and self.mask_row_sum(expr.right)
         return False
+
+    def direct_sequence_mean(self, node) -> bool:
+        """``node`` itself is a per-sequence token mean: ``masked_mean(x, m, dim=-1)`` or ``(x * m).sum(-1) /
+        m.sum(-1)`` (names inside it are followed, the node is not)."""
+        ctx = self.ctx
+        if isinstance(node, cst.Call):
+            return (ctx.call_name(node) or "").rsplit(".", 1)[-1] == "masked_mean" and self.per_sequence_mean(node)
+        return isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Divide) and \
+            self.per_sequence_mean(node)
 
     def row_sum(self, expr, need_mask: bool) -> bool:
         """A sum over the last dim (``x.sum(-1)``, ``torch.sum(x, dim=1)``) of something with a mask in it."""
