@@ -8,6 +8,7 @@ from typing import Iterator
 import libcst as cst
 
 from rlguard.lint.analysis import Analysis, dotted_name
+from rlguard.lint.analysis import accumulation as A
 from rlguard.lint.analysis import semantics as S
 from rlguard.lint.analysis.index import key_of, children
 from rlguard.lint.analysis.loops import Loop, Training, training
@@ -178,6 +179,14 @@ class AccumulationScale(Rule):
                 continue
             loops = ctx.enclosing_loops(call)
             loop = loops[0] if loops else None
+            rank_local = acc.rank_local_count(loss, DEPTH, set())
+            if rank_local is not None:
+                yield Violation(rank_local, "the loss is multiplied by the data-parallel world size and divided by "
+                                            "a token count summed on this rank only (it is never all-reduced in "
+                                            "place), so after the gradients are averaged across ranks each rank's "
+                                            "tokens weigh by its own count; sum the count across ranks "
+                                            "(`dist.all_reduce(total_tokens)`) before dividing")
+                continue
             mean = acc.token_mean(loss, loop, {}, DEPTH, set())
             if mean is None:
                 continue
@@ -263,6 +272,43 @@ class _Accumulation:
                         return hit
                 elif d.kind == "assign" and d.value is not None and d.element is None:
                     hit = self.divided_by_count(d.value, depth - 1, seen)
+                    if hit is not None:
+                        return hit
+        return None
+
+    def rank_local_count(self, expr: cst.BaseExpression, depth: int, seen: set[int]) -> cst.CSTNode | None:
+        """The division, on the loss's way, of a product carrying the data-parallel world size
+        (``loss * world_size / n_tokens``: the gradient averaging across ranks undone) by a token count that is
+        summed on this rank only: a mask sum, inline or in a name that no collective takes in place."""
+        ctx = self.ctx
+        if depth < 0 or id(expr) in seen:
+            return None
+        seen.add(id(expr))
+        if isinstance(expr, cst.BinaryOperation):
+            if isinstance(expr.operator, cst.Divide):
+                if any(A.world_size_factor(ctx, f) is not None for f in _factors(expr.left)) and \
+                        self.count_locality(expr.right, None, {}, DEPTH) is not None:
+                    count = self.strip_clamps(expr.right)
+                    key = key_of(count)
+                    scope = ctx.enclosing_function(expr) or ctx.module
+                    if key is None or not A.reduced_in_place(ctx, key, scope):
+                        return expr
+                return self.rank_local_count(expr.left, depth - 1, seen)
+            if isinstance(expr.operator, (cst.Multiply, cst.Add, cst.Subtract)):
+                return (self.rank_local_count(expr.left, depth - 1, seen)
+                        or self.rank_local_count(expr.right, depth - 1, seen))
+            return None
+        if isinstance(expr, cst.UnaryOperation):
+            return self.rank_local_count(expr.expression, depth - 1, seen)
+        if isinstance(expr, cst.Call) and ctx.method(expr) in PASS_THROUGH_METHODS:
+            return self.rank_local_count(S.receiver(expr), depth - 1, seen)
+        if isinstance(expr, (cst.Name, cst.Attribute)):
+            key = key_of(expr)
+            if key is None:
+                return None
+            for d in ctx.flow.reaching(key, expr):
+                if d.kind in ("assign", "aug") and d.value is not None and d.element is None:
+                    hit = self.rank_local_count(d.value, depth - 1, seen)
                     if hit is not None:
                         return hit
         return None
@@ -418,6 +464,9 @@ class _Accumulation:
                     expr.right, (cst.Float, cst.Integer, cst.Name)) and not isinstance(expr.left, (cst.Float,
                                                                                                      cst.Integer)):
                 expr = expr.left
+            elif isinstance(expr, cst.BinaryOperation) and isinstance(expr.operator, cst.Add) and isinstance(
+                    expr.left, (cst.Float, cst.Integer)) and not isinstance(expr.right, (cst.Float, cst.Integer)):
+                expr = expr.right  # `eps + mask.sum()`: the guard written first
             else:
                 return expr
 
@@ -446,6 +495,13 @@ class _Accumulation:
                         or self.locality(defn.value, loop, bindings, depth - 1) == "local"):
                     return "local"
         return "global"
+
+
+def _factors(expr: cst.BaseExpression) -> list[cst.BaseExpression]:
+    """The factors of a product: ``a * b * c`` -> [a, b, c] (parentheses and casts kept as they are)."""
+    if isinstance(expr, cst.BinaryOperation) and isinstance(expr.operator, cst.Multiply):
+        return _factors(expr.left) + _factors(expr.right)
+    return [expr]
 
 
 def _has_dim(call: cst.Call) -> bool:

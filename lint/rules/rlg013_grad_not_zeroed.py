@@ -9,6 +9,7 @@ import libcst as cst
 from rlguard.lint.analysis.index import children
 
 from rlguard.lint.analysis import Analysis
+from rlguard.lint.analysis import accumulation as A
 from rlguard.lint.analysis.grad import call_sites
 from rlguard.lint.analysis.loops import ALL, UNKNOWN, Training, Zeroing, training
 from rlguard.lint.rule import Invalid, Rule, Valid, Violation
@@ -206,9 +207,24 @@ class GradNotZeroed(Rule):
     def check(self, ctx: Analysis) -> Iterator[Violation]:
         train = training(ctx)
         facts = train.facts
+        for zero, acc in A.ungated_module_zeroing(ctx):
+            yield Violation(zero, f"`{_text(ctx, zero)}` runs on every microbatch of `{_text(ctx, acc)}`, which "
+                                  "gates only the prepared optimizer's step and zero_grad to the synchronising "
+                                  "microbatch: the module's own zero_grad wipes the gradients being accumulated, "
+                                  "so each update applies only the last microbatch's; zero through the prepared "
+                                  "optimizer (`optimizer.zero_grad()`)")
         if not facts.steps:
             return
+        megatron = _megatron_classes(ctx, train)
         for call, opt in facts.steps:
+            owner = ctx.enclosing_class(call) or ctx.enclosing_function(call)
+            if owner is not None and id(owner) in megatron:
+                yield Violation(call, f"`{_text(ctx, call)}` follows Megatron's pipeline schedule, whose model "
+                                      "chunks accumulate gradients in their own buffers (`main_grad`), and no "
+                                      "chunk's buffer is ever zeroed: `optimizer.zero_grad()` does not clear them, "
+                                      "so gradients leak into the next update; call `chunk.zero_grad_buffer()` "
+                                      "for every model chunk before the next forward-backward")
+                continue
             # `for opt in optimizers: opt.step()` steps each optimizer once: that loop is no training loop
             opt_names = _names(opt)
             loops = [loop for loop in ctx.enclosing_loops(call)
@@ -231,6 +247,19 @@ class GradNotZeroed(Rule):
                                           "either, so gradients accumulate across updates; call "
                                           f"`{_text(ctx, opt)}.zero_grad()` before the backward")
                     break
+
+
+def _megatron_classes(ctx: Analysis, train: Training) -> set[int]:
+    """Classes (or, outside a class, functions) that run Megatron's schedule with gradients and step an
+    optimizer, in a module that never zeroes a model chunk's gradient buffer."""
+    if A.zeroes_grad_buffers(ctx):
+        return set()
+    found = set()
+    for func in ctx.nodes(cst.FunctionDef):
+        if A.megatron_schedule(ctx, func):
+            owner = ctx.enclosing_class(func) or func
+            found.add(id(owner))
+    return found
 
 
 def _text(ctx: Analysis, node: cst.CSTNode) -> str:
