@@ -8,7 +8,7 @@ import libcst as cst
 
 from rlguard.lint.analysis import Analysis, dotted_name
 from rlguard.lint.analysis import semantics as S
-from rlguard.lint.analysis.grad import call_sites
+from rlguard.lint.analysis.callers import runs_per_update
 from rlguard.lint.analysis.index import Def, key_of
 from rlguard.lint.analysis.loops import EPOCH_WORD, training
 from rlguard.lint.analysis.provenance import FORWARD, PARAM, READ, REMOTE, provenance
@@ -202,16 +202,15 @@ class OldLogpRecomputed(Rule):
             defs = [d for d in ctx.index.stmt_defs.get(id(stmt), ()) if d.kind == "assign"]
             for d in defs:
                 name = d.key
-                bare = name.rsplit(".", 1)[-1]
-                if "[" in name or not (ctx.names.is_role(bare, "old_logp") or _used_key(ctx, d) in used):
+                bare = _stored_field(name) if "[" in name else name.rsplit(".", 1)[-1]
+                if bare is None or not (ctx.names.is_role(bare, "old_logp") or _used_key(ctx, d) in used):
                     continue
                 loops = train.update_loops(stmt)
                 per_call = False
                 if not loops:
                     # class 5: a method whose every call in the module sits in an update loop runs once per update
-                    func = ctx.enclosing_function(stmt)
-                    sites = call_sites(ctx, func) if func is not None else []
-                    if not sites or not all(train.update_loops(site) for site in sites):
+                    # (through a few levels of callers: `loss_of()` calls `_old()`, the loop calls `loss_of()`)
+                    if not runs_per_update(ctx, ctx.enclosing_function(stmt)):
                         continue
                     per_call = True
                 value = d.value.elements[d.element].value if d.element is not None and isinstance(
@@ -230,6 +229,15 @@ class OldLogpRecomputed(Rule):
                                 "them once before the epoch loop (or at rollout time) and slice the "
                                 "stored values per minibatch")
                 break
+
+
+def _stored_field(key: str) -> str | None:
+    """``mb['old_log_probs']`` -> ``old_log_probs``: the string key a value is stored under in a record (the
+    last one of the path); None for a deeper path (``d['a'].b``)."""
+    if not key.endswith("]"):
+        return None
+    inner = key[key.rfind("[") + 1:-1]
+    return inner[1:-1] if len(inner) >= 2 and inner[0] == inner[-1] and inner[0] in "'\"" else None
 
 
 def _used_key(ctx: Analysis, d: Def) -> tuple[int, str]:

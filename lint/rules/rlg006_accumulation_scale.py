@@ -10,6 +10,7 @@ import libcst as cst
 from rlguard.lint.analysis import Analysis, dotted_name
 from rlguard.lint.analysis import accumulation as A
 from rlguard.lint.analysis import semantics as S
+from rlguard.lint.analysis.callers import caller_loops
 from rlguard.lint.analysis.index import key_of, children
 from rlguard.lint.analysis.loops import Loop, Training, training
 from rlguard.lint.analysis.roles import backward_loss, names_along
@@ -34,6 +35,10 @@ COUNT_METHODS = frozenset({"sum", "count_nonzero", "nansum"})
 CLAMPS = frozenset({"clamp", "clamp_min", "clip", "clamp_", "float", "to", "type_as", "item", "detach", "double"})
 STEP_NAME = re.compile(r"(?i)\w*step")
 DEPTH = 10
+PER_CALL_MESSAGE = ("this helper's backward takes its microbatch's own token mean, and every caller runs it once per "
+                    "microbatch of an accumulation loop with no step in between: the per-microbatch means are "
+                    "summed, so the gradient is scaled by their number and tokens of small microbatches weigh more; "
+                    "pass the whole minibatch's token count in and divide the per-token sum by it")
 
 
 class AccumulationScale(Rule):
@@ -189,6 +194,9 @@ class AccumulationScale(Rule):
                 continue
             mean = acc.token_mean(loss, loop, {}, DEPTH, set())
             if mean is None:
+                if loop is None and acc.divided_by_count(loss, DEPTH, set()) is None and \
+                        acc.per_call_accumulation(call, loss):
+                    yield Violation(call, PER_CALL_MESSAGE)
                 continue
             division = acc.divided_by_count(loss, DEPTH, set())
             if division is not None:
@@ -201,6 +209,8 @@ class AccumulationScale(Rule):
                                       "gradient is scaled by their number and tokens of small microbatches weigh "
                                       "more; sum the per-token losses and divide by the whole minibatch's token "
                                       "count (`(loss_sum / total_tokens).backward()`)")
+            elif loop is None and acc.per_call_accumulation(call, loss):
+                yield Violation(call, PER_CALL_MESSAGE)
 
 
 class _Accumulation:
@@ -225,12 +235,15 @@ class _Accumulation:
         name = key.rsplit(".", 1)[-1] if key else None
         return name is not None and ACCUM_COUNT.fullmatch(name) is not None
 
-    def steps_every_iteration(self, loop: Loop) -> bool:
-        """An optimizer step (``opt.step()``, ``self.optimizer_step()``...) in the loop's body, not under an ``if``."""
+    def steps_every_iteration(self, loop: Loop, helper: cst.FunctionDef | None = None) -> bool:
+        """An optimizer step (``opt.step()``, ``self.optimizer_step()``...) in the loop's body, not under an ``if``
+        (a call of ``helper``, the function whose backward is judged, is no step)."""
         ctx = self.ctx
         for call in ctx.index.descendants(loop, cst.Call):
             name = S.called_name(call)
             if name is None or not STEP_NAME.fullmatch(name):
+                continue
+            if helper is not None and ctx.callee(call) is helper:
                 continue
             recv = S.receiver(call)
             if recv is not None and re.search(r"(?i)env|sched", dotted_name(recv) or ""):
@@ -275,6 +288,27 @@ class _Accumulation:
                     if hit is not None:
                         return hit
         return None
+
+    def per_call_accumulation(self, call: cst.Call, loss: cst.BaseExpression) -> bool:
+        """A backward in a helper with no loop of its own (C5): every in-module call of the helper sits in a
+        microbatch loop that does not step each iteration, the helper does not step either, and at every call
+        site (the helper's parameters bound to the caller's arguments) the loss is the microbatch's own mean."""
+        from rlguard.lint.analysis.values import bind_arguments
+
+        ctx = self.ctx
+        func = ctx.enclosing_function(call)
+        if func is None or self.steps_every_iteration(func):
+            return False
+        sites = caller_loops(ctx, func, self.train.is_microbatch_loop, depth=1)
+        if not sites:
+            return False
+        for site, caller_loop in sites:
+            if self.steps_every_iteration(caller_loop, func):
+                return False
+            bindings = {param: (value, caller_loop) for param, (value, _frame) in bind_arguments(func, site, None)}
+            if self.token_mean(loss, None, bindings, DEPTH, set()) is None:
+                return False
+        return True
 
     def rank_local_count(self, expr: cst.BaseExpression, depth: int, seen: set[int]) -> cst.CSTNode | None:
         """The division, on the loss's way, of a product carrying the data-parallel world size
