@@ -25,6 +25,15 @@ class GradNotZeroed(Rule):
     one of these. When the step sits in a helper with no zeroing (`def update(...): loss.backward();
     opt.step()`), the loop of the same module that calls the helper must zero.
 
+    Also flagged, from library semantics visible in the module: a module's own `model.zero_grad()` run on
+    every iteration of a loop that accumulates through `with accelerator.accumulate(model):` (the context gates
+    only the prepared optimizer's `step` and `zero_grad` to the synchronising microbatch, so the module's
+    zeroing wipes what is being accumulated); and an optimizer step after Megatron's pipeline schedule
+    (`get_forward_backward_func()`) in a module that never calls a model chunk's `zero_grad_buffer()`
+    (Megatron's DDP chunks keep gradients in their own buffers, which `optimizer.zero_grad()` does not clear).
+    `accelerator.accumulate(model)` with `optimizer.zero_grad()` on every iteration is correct when the
+    optimizer went through `accelerator.prepare`, and is not flagged.
+
     Gradient accumulation is recognised: `zero_grad` right after a conditional step
     (`if (i + 1) % accum == 0: opt.step(); opt.zero_grad()`), or in the enclosing loop when the step sits
     after (or conditionally inside) the inner microbatch loop. DeepSpeed engines (`engine.step()`, or an
@@ -54,6 +63,12 @@ class GradNotZeroed(Rule):
         loss.backward()
         optimizer.step()
     ```
+
+    ## Runtime state
+    Whether an optimizer was prepared by the accumulation wrapper, and which buffers a distributed model
+    keeps its gradients in, is runtime state. The runtime check that gradients are zero or None before each
+    update's first backward, and the accumulation preflight check (the accumulated gradient equals the
+    one-pass gradient), cover what the linter cannot see.
 
     ## Fix
     No automatic fix: where the zeroing belongs (top of the loop, after the step, at an accumulation
@@ -126,7 +141,8 @@ class GradNotZeroed(Rule):
               "    optimizer.step()\n"
               "\n"
               "for batch in loader:\n"
-              "    update(model, optimizer, batch)\n", "the helper zeroes before its step"),
+              "    update(model, optimizer, batch)\n", "the helper zeroes before its step",
+              capability="C5", style="functional"),
         Valid("for batch in loader:\n"
               "    def closure():\n"
               "        optimizer.zero_grad()\n"
@@ -154,6 +170,54 @@ class GradNotZeroed(Rule):
               "        self.model.training_step(batch)\n"
               "        self.model.optim.step()\n",
               "a framework training step out of view owns the gradients (it zeroes at its entry)"),
+        Valid("class Tuner:\n"
+              "    def fit(self, loader):\n"
+              "        for batch in loader:\n"
+              "            with self.accelerator.accumulate(self.model):\n"
+              "                loss = self.loss_fn(batch)\n"
+              "                self.accelerator.backward(loss)\n"
+              "                self.optimizer.step()\n"
+              "                self.optimizer.zero_grad()\n",
+              "the prepared optimizer's zero_grad is gated by the accumulation context", capability="C12",
+              style="class"),
+        Valid("def train(accelerator, net, opt, loader):\n"
+              "    for batch in loader:\n"
+              "        with accelerator.accumulate(net):\n"
+              "            accelerator.backward(net(batch).loss)\n"
+              "            if accelerator.sync_gradients:\n"
+              "                opt.step()\n"
+              "                net.zero_grad()\n",
+              "the module is zeroed only on the synchronising microbatch", capability="C12",
+              style="functional"),
+        Valid("from megatron.core.pipeline_parallel import get_forward_backward_func\n"
+              "\n"
+              "class Engine:\n"
+              "    def train_batch(self, data):\n"
+              "        for chunk in self.model:\n"
+              "            chunk.zero_grad_buffer()\n"
+              "        self.optimizer.zero_grad()\n"
+              "        run = get_forward_backward_func()\n"
+              "        run(forward_step_func=self.step_fn, data_iterator=iter(data), model=self.model,\n"
+              "            num_microbatches=len(data), seq_length=1, micro_batch_size=1, forward_only=False)\n"
+              "        self.optimizer.step()\n",
+              "every model chunk's gradient buffer is zeroed before the schedule", capability="C12",
+              style="framework"),
+        Valid("class Agent:\n"
+              "    def learn(self, b):\n"
+              "        self.loss(b).backward()\n"
+              "        self.opt.step()\n"
+              "\n"
+              "    def run(self, batches):\n"
+              "        for b in batches:\n"
+              "            self.opt.zero_grad()\n"
+              "            self.learn(b)\n",
+              "the caller's loop zeroes before each call of the stepping helper", capability="C5",
+              style="class"),
+        Valid("def upd(b):\n"
+              "    opt.zero_grad(); L(b).backward(); opt.step()\n"
+              "\n"
+              "for b in dl:\n"
+              "    upd(b)\n", "the helper zeroes before its own step", capability="C5", style="script"),
     ]
     INVALID = [
         Invalid("for batch in loader:\n"
@@ -201,7 +265,51 @@ class GradNotZeroed(Rule):
                 "\n"
                 "def train(model, optimizer, loader):\n"
                 "    for batch in loader:\n"
-                "        update(model, optimizer, batch)\n", line=4, why="the helper's caller loops, never zeroes"),
+                "        update(model, optimizer, batch)\n", line=4, why="the helper's caller loops, never zeroes",
+                capability="C5", style="functional"),
+        Invalid("class Tuner:\n"
+                "    def fit(self, loader):\n"
+                "        for batch in loader:\n"
+                "            with self.accelerator.accumulate(self.model):\n"
+                "                loss = self.loss_fn(batch)\n"
+                "                self.accelerator.backward(loss)\n"
+                "                self.optimizer.step()\n"
+                "                self.model.zero_grad(set_to_none=True)\n", line=8,
+                why="the module's zero_grad is not gated: it wipes the accumulated gradients", capability="C12",
+                style="class"),
+        Invalid("for b in dl:\n"
+                "    with acc.accumulate(net):\n"
+                "        acc.backward(net(b).loss)\n"
+                "        opt.step()\n"
+                "    net.zero_grad()\n", line=5,
+                why="zeroing the wrapped module after the context, on every microbatch", capability="C12",
+                style="script"),
+        Invalid("from megatron.core.pipeline_parallel import get_forward_backward_func\n"
+                "\n"
+                "class Engine:\n"
+                "    def train_batch(self, data):\n"
+                "        run = get_forward_backward_func()\n"
+                "        run(forward_step_func=self.step_fn, data_iterator=iter(data), model=self.model,\n"
+                "            num_microbatches=len(data), seq_length=1, micro_batch_size=1, forward_only=False)\n"
+                "        self.optimizer.step()\n"
+                "        self.optimizer.zero_grad()\n", line=8,
+                why="Megatron chunks keep gradients in buffers optimizer.zero_grad() does not clear",
+                capability="C12", style="framework"),
+        Invalid("class Agent:\n"
+                "    def learn(self, b):\n"
+                "        self.loss(b).backward()\n"
+                "        self.opt.step()\n"
+                "\n"
+                "    def run(self, batches):\n"
+                "        for b in batches:\n"
+                "            self.learn(b)\n", line=4,
+                why="the stepping method's only caller loops without zeroing", capability="C5", style="class"),
+        Invalid("def upd(b):\n"
+                "    L(b).backward(); opt.step()\n"
+                "\n"
+                "for b in dl:\n"
+                "    upd(b)\n", line=2, why="a terse helper stepped from a loop that never zeroes",
+                capability="C5", style="script"),
     ]
 
     def check(self, ctx: Analysis) -> Iterator[Violation]:
