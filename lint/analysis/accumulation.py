@@ -103,6 +103,22 @@ def megatron_schedule(a: "Analysis", func: cst.FunctionDef) -> bool:
     return False
 
 
+# megatron.core's builders of the data-parallel wrapper (the owner of the gradient buffers) and of the optimizer
+# over the wrapped chunks
+MEGATRON_DDP = frozenset({"DistributedDataParallel", "DistributedDataParallelConfig", "get_megatron_optimizer"})
+
+
+def configures_megatron_ddp(a: "Analysis") -> bool:
+    """Whether the module itself builds Megatron's data-parallel wrapper or the optimizer over its chunks (a name
+    imported from ``megatron.core``: ``DistributedDataParallel``, its config, ``get_megatron_optimizer``). A
+    module that only runs the schedule on models and optimizers set up elsewhere may leave the buffers to the
+    code that owns them (freed and rebuilt, or zeroed, in another file)."""
+    for target in a.index.imports.values():
+        if target.startswith("megatron.core") and target.rsplit(".", 1)[-1] in MEGATRON_DDP:
+            return True
+    return False
+
+
 def zeroes_grad_buffers(a: "Analysis") -> bool:
     """Whether the module zeroes a model chunk's gradient buffer anywhere (``chunk.zero_grad_buffer()``), or
     hands that to a call it cannot see into under that name."""

@@ -29,8 +29,11 @@ class GradNotZeroed(Rule):
     every iteration of a loop that accumulates through `with accelerator.accumulate(model):` (the context gates
     only the prepared optimizer's `step` and `zero_grad` to the synchronising microbatch, so the module's
     zeroing wipes what is being accumulated); and an optimizer step after Megatron's pipeline schedule
-    (`get_forward_backward_func()`) in a module that never calls a model chunk's `zero_grad_buffer()`
-    (Megatron's DDP chunks keep gradients in their own buffers, which `optimizer.zero_grad()` does not clear).
+    (`get_forward_backward_func()`) in a module that builds Megatron's `DistributedDataParallel` (or its
+    config, or `get_megatron_optimizer` over the chunks) and never calls a model chunk's `zero_grad_buffer()`
+    (Megatron's DDP chunks keep gradients in their own buffers, which `optimizer.zero_grad()` does not clear; a
+    module that only runs the schedule on models and optimizers set up elsewhere is left alone, as their owner
+    may free and rebuild the buffers).
     `accelerator.accumulate(model)` with `optimizer.zero_grad()` on every iteration is correct when the
     optimizer went through `accelerator.prepare`, and is not flagged.
 
@@ -189,9 +192,14 @@ class GradNotZeroed(Rule):
               "                net.zero_grad()\n",
               "the module is zeroed only on the synchronising microbatch", capability="C12",
               style="functional"),
-        Valid("from megatron.core.pipeline_parallel import get_forward_backward_func\n"
+        Valid("from megatron.core.distributed import DistributedDataParallel\n"
+              "from megatron.core.pipeline_parallel import get_forward_backward_func\n"
               "\n"
               "class Engine:\n"
+              "    def __init__(self, cfg, ddp_cfg, chunks, optimizer):\n"
+              "        self.model = [DistributedDataParallel(cfg, ddp_cfg, c) for c in chunks]\n"
+              "        self.optimizer = optimizer\n"
+              "\n"
               "    def train_batch(self, data):\n"
               "        for chunk in self.model:\n"
               "            chunk.zero_grad_buffer()\n"
@@ -284,15 +292,20 @@ class GradNotZeroed(Rule):
                 "    net.zero_grad()\n", line=5,
                 why="zeroing the wrapped module after the context, on every microbatch", capability="C12",
                 style="script"),
-        Invalid("from megatron.core.pipeline_parallel import get_forward_backward_func\n"
+        Invalid("from megatron.core.distributed import DistributedDataParallel\n"
+                "from megatron.core.pipeline_parallel import get_forward_backward_func\n"
                 "\n"
                 "class Engine:\n"
+                "    def __init__(self, cfg, ddp_cfg, chunks, optimizer):\n"
+                "        self.model = [DistributedDataParallel(cfg, ddp_cfg, c) for c in chunks]\n"
+                "        self.optimizer = optimizer\n"
+                "\n"
                 "    def train_batch(self, data):\n"
                 "        run = get_forward_backward_func()\n"
                 "        run(forward_step_func=self.step_fn, data_iterator=iter(data), model=self.model,\n"
                 "            num_microbatches=len(data), seq_length=1, micro_batch_size=1, forward_only=False)\n"
                 "        self.optimizer.step()\n"
-                "        self.optimizer.zero_grad()\n", line=8,
+                "        self.optimizer.zero_grad()\n", line=13,
                 why="Megatron chunks keep gradients in buffers optimizer.zero_grad() does not clear",
                 capability="C12", style="framework"),
         Invalid("class Agent:\n"
@@ -359,8 +372,9 @@ class GradNotZeroed(Rule):
 
 def _megatron_classes(ctx: Analysis, train: Training) -> set[int]:
     """Classes (or, outside a class, functions) that run Megatron's schedule with gradients and step an
-    optimizer, in a module that never zeroes a model chunk's gradient buffer."""
-    if A.zeroes_grad_buffers(ctx):
+    optimizer, in a module that builds Megatron's data-parallel wrapper or optimizer (the buffers' owner) and
+    never zeroes a model chunk's gradient buffer."""
+    if A.zeroes_grad_buffers(ctx) or not A.configures_megatron_ddp(ctx):
         return set()
     found = set()
     for func in ctx.nodes(cst.FunctionDef):
