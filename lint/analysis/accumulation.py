@@ -170,6 +170,36 @@ def reduced_in_place(a: "Analysis", key: str, scope: cst.CSTNode) -> bool:
     return False
 
 
+def through_collective(a: "Analysis", expr: cst.BaseExpression, depth: int = 4) -> bool:
+    """Whether ``expr`` is, or is computed (through the reaching assignments of its names) from, the result of
+    a call named like a reduction or gather across ranks (``gather_from_all(mask)``, ``accelerator.reduce(n)``):
+    then it already covers every rank."""
+    from rlguard.lint.analysis.index import children
+
+    stack: list[tuple[cst.CSTNode, int]] = [(expr, depth)]
+    seen: set[int] = set()
+    while stack:
+        node, d = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        if isinstance(node, cst.Call):
+            name = S.called_name(node) or ""
+            if name in COLLECTIVES or REDUCING_CALL.fullmatch(name):
+                return True
+        if isinstance(node, (cst.Name, cst.Attribute, cst.Subscript)) and d > 0:
+            key = key_of(node)
+            if key is not None:
+                for defn in a.flow.reaching(key, node):
+                    if defn.value is not None:
+                        stack.append((defn.value, d - 1))
+        if isinstance(node, cst.Attribute):
+            stack.append((node.value, d))
+        elif not isinstance(node, cst.Name):
+            stack.extend((child, d) for child in children(node))
+    return False
+
+
 def world_size_factor(a: "Analysis", expr: cst.BaseExpression) -> cst.BaseExpression | None:
     """The factor of a product that is the data-parallel world size (``self.world_size``,
     ``dist.get_world_size()``), else None."""

@@ -234,6 +234,13 @@ class AccumulationScale(Rule):
               "    l.backward()\n"
               "opt.step()\n", "torch.clamp with a lower bound on the whole batch's count", capability="C9",
               style="script"),
+        Valid("def update(policy, opt, batch, world_size):\n"
+              "    every_mask = gather_from_all(batch['mask'])\n"
+              "    for mb in batch.split(8):\n"
+              "        loss = (token_loss(policy, mb) * mb['mask']).sum() * world_size / every_mask.sum()\n"
+              "        loss.backward()\n"
+              "    opt.step()\n",
+              "the count is taken over a mask gathered from every rank", capability="C9", style="functional"),
     ]
     INVALID = [
         Invalid("for mb in batch.chunk(n_micro):\n"
@@ -527,7 +534,10 @@ class _Accumulation:
             if not any(A.world_size_factor(ctx, f) is not None for f in _factors(div.left)) or \
                     self.count_locality(div.right, None, {}, DEPTH) is None:
                 return False
-            key = key_of(self.strip_clamps(div.right))
+            count = self.strip_clamps(div.right)
+            if A.through_collective(ctx, count):
+                return False  # counted over a mask gathered from every rank
+            key = key_of(count)
             return key is None or not A.reduced_in_place(ctx, key, ctx.enclosing_function(div) or ctx.module)
 
         return self.division_on_way(expr, rank_local, depth, seen)

@@ -10,6 +10,7 @@ from rlguard.lint.analysis.index import children
 
 from rlguard.lint.analysis import Analysis
 from rlguard.lint.analysis import accumulation as A
+from rlguard.lint.analysis.callers import caller_loops
 from rlguard.lint.analysis.grad import call_sites
 from rlguard.lint.analysis.loops import ALL, UNKNOWN, Training, Zeroing, training
 from rlguard.lint.rule import Invalid, Rule, Valid, Violation
@@ -23,7 +24,8 @@ class GradNotZeroed(Rule):
     these counts as zeroing: `optimizer.zero_grad()` (with or without `set_to_none`), `model.zero_grad()`,
     `for p in params: p.grad = None`, `p.grad.zero_()`, or a call of a helper of the same module that does
     one of these. When the step sits in a helper with no zeroing (`def update(...): loss.backward();
-    opt.step()`), the loop of the same module that calls the helper must zero.
+    opt.step()`), the loop of the same module that calls the helper (directly, or through other helpers of the
+    module) must zero.
 
     Also flagged, from library semantics visible in the module: a module's own `model.zero_grad()` run on
     every iteration of a loop that accumulates through `with accelerator.accumulate(model):` (the context gates
@@ -226,6 +228,19 @@ class GradNotZeroed(Rule):
               "\n"
               "for b in dl:\n"
               "    upd(b)\n", "the helper zeroes before its own step", capability="C5", style="script"),
+        Valid("class Runner:\n"
+              "    def _apply(self, batch):\n"
+              "        self.model(**batch['inputs']).loss.backward()\n"
+              "        self.optimizer.step()\n"
+              "\n"
+              "    def _one_batch(self, batch):\n"
+              "        self.optimizer.zero_grad(set_to_none=True)\n"
+              "        self._apply(batch)\n"
+              "\n"
+              "    def run(self, loader):\n"
+              "        for batch in loader:\n"
+              "            self._one_batch(batch)\n",
+              "the intermediate helper zeroes before the stepping one", capability="C5", style="framework"),
     ]
     INVALID = [
         Invalid("for batch in loader:\n"
@@ -323,6 +338,20 @@ class GradNotZeroed(Rule):
                 "for b in dl:\n"
                 "    upd(b)\n", line=2, why="a terse helper stepped from a loop that never zeroes",
                 capability="C5", style="script"),
+        Invalid("class Runner:\n"
+                "    def _apply(self, batch):\n"
+                "        self.model(**batch['inputs']).loss.backward()\n"
+                "        self.optimizer.step()\n"
+                "\n"
+                "    def _one_batch(self, batch):\n"
+                "        batch = {k: v.to(self.cfg.device) for k, v in batch.items()}\n"
+                "        self._apply(batch)\n"
+                "\n"
+                "    def run(self, loader):\n"
+                "        for batch in loader:\n"
+                "            self._one_batch(batch)\n", line=4,
+                why="called only through another helper, from a loop that never zeroes", capability="C5",
+                style="framework"),
     ]
 
     def check(self, ctx: Analysis) -> Iterator[Violation]:
@@ -360,7 +389,8 @@ class GradNotZeroed(Rule):
             func = ctx.enclosing_function(call)
             if func is None or any(ctx.contains(func, z.node) and _matches(train, z, opt) for z in facts.zeroing):
                 continue
-            for site in call_sites(ctx, func):
+            sites = call_sites(ctx, func)
+            for site in sites:
                 site_loops = ctx.enclosing_loops(site)
                 if site_loops and not any(ctx.contains(site_loops[0], z.node) for z in facts.zeroing):
                     yield Violation(call, f"`{_text(ctx, call)}` has no zero_grad before it, and "
@@ -368,6 +398,18 @@ class GradNotZeroed(Rule):
                                           "either, so gradients accumulate across updates; call "
                                           f"`{_text(ctx, opt)}.zero_grad()` before the backward")
                     break
+            else:
+                if sites and not any(ctx.enclosing_loops(site) for site in sites):
+                    # called only through other helpers: the loops around every outermost call (C5)
+                    chain = caller_loops(ctx, func, lambda loop: True)
+                    for site, loop in chain or ():
+                        if any(ctx.contains(loop, z.node) for z in facts.zeroing):
+                            continue
+                        yield Violation(call, f"`{_text(ctx, call)}` has no zero_grad before it, and every call "
+                                              f"of `{func.name.value}()` comes, through other helpers, from a loop "
+                                              "that does not zero either, so gradients accumulate across "
+                                              f"updates; call `{_text(ctx, opt)}.zero_grad()` before the backward")
+                        break
 
 
 def _megatron_classes(ctx: Analysis, train: Training) -> set[int]:
