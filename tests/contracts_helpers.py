@@ -311,7 +311,7 @@ class DictGRPOTrainer:
                         sub = {k: v[micro] for k, v in inputs.items()}
                         if self.args.fault == "stale_old_logp":
                             with torch.no_grad():
-                                sub["old_per_token_logps"] = self._get_per_token_logps(self.model, sub["input_ids"])
+                                sub["old_per_token_logps"] = self._get_per_token_logps(self.model, sub["input_ids"])  # noqa: RLG002 - the stale_old_logp fault, injected on purpose
                         logps = self._get_per_token_logps(self.model, sub["input_ids"])
                         self._loss(logps, sub, num_items).backward()
                     self.optimizer.step()

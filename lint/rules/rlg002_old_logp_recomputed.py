@@ -8,7 +8,7 @@ import libcst as cst
 
 from rlguard.lint.analysis import Analysis, dotted_name
 from rlguard.lint.analysis import semantics as S
-from rlguard.lint.analysis.grad import call_sites
+from rlguard.lint.analysis.callers import runs_per_update
 from rlguard.lint.analysis.index import Def, key_of
 from rlguard.lint.analysis.loops import EPOCH_WORD, training
 from rlguard.lint.analysis.provenance import FORWARD, PARAM, READ, REMOTE, provenance
@@ -25,7 +25,11 @@ class OldLogpRecomputed(Rule):
     `optimizer.step()`, even under `torch.no_grad()`. A value counts as old log-probs when it is named so
     (`old_logp`, `old_log_probs`, `behavior_logp`, ...) or used as such: passed as the `old_logp`/
     `old_log_probs` argument (by keyword, or positionally to a same-module function whose parameter is so
-    named) or subtracted from the current log-probs in `(logp - x).exp()`.
+    named) or subtracted from the current log-probs in `(logp - x).exp()`, or stored under such a key of a
+    record (`mb["old_log_probs"] = logp_of(policy, mb)`). A helper with no loop of its own counts as inside
+    the update loop when every call of it in the module is, directly or through a few levels of callers
+    (`loss_of()` calls `_behaviour_logp()`, and only the minibatch loop calls `loss_of()`); a helper with no
+    call in the module (framework entry code) is left alone.
 
     Not flagged: old log-probs computed once before the epoch loop, read from the rollout buffer inside it
     (`batch["old_logp"][rows]`), or computed in an outer loop that gathers a fresh rollout each iteration
@@ -143,6 +147,55 @@ class OldLogpRecomputed(Rule):
               "        return -(torch.exp(lp - old) * inputs['advantages']).mean()\n",
               "TRL-style fallback in a loss the framework calls once per optimizer step (no stored old log-probs "
               "means one iteration per rollout)"),
+        Valid("class Learner:\n"
+              "    def _behaviour(self, b):\n"
+              "        with torch.no_grad():\n"
+              "            behaviour_logp = self.token_lp(b)\n"
+              "        return behaviour_logp\n"
+              "\n"
+              "    def prepare(self, batch):\n"
+              "        batch['behaviour_logp'] = self._behaviour(batch)\n"
+              "\n"
+              "    def fit(self, batch):\n"
+              "        self.prepare(batch)\n"
+              "        for _ in range(self.passes):\n"
+              "            for b in batch.split(self.mb):\n"
+              "                ratio = (self.token_lp(b) - b['behaviour_logp']).exp()\n"
+              "                (-(ratio * b['adv']).mean()).backward()\n"
+              "                self.opt.step()\n"
+              "                self.opt.zero_grad()\n",
+              "the helper's only caller runs before the epoch loop, once per rollout",
+              capability="C5", style="class"),
+        Valid("def behaviour_of(policy, ids):\n"
+              "    with torch.no_grad():\n"
+              "        old_logp = token_logps(policy, ids)\n"
+              "    return old_logp\n"
+              "\n"
+              "def train(policy, opt, prompts, rounds, epochs):\n"
+              "    for _ in range(rounds):\n"
+              "        ids = policy.generate(prompts)\n"
+              "        old = behaviour_of(policy, ids)\n"
+              "        for _ in range(epochs):\n"
+              "            ratio = torch.exp(token_logps(policy, ids) - old)\n"
+              "            (-(ratio * adv).mean()).backward()\n"
+              "            opt.step()\n"
+              "            opt.zero_grad()\n",
+              "the helper is called in the loop that generates a fresh rollout, above the epoch loop",
+              capability="C5", style="functional"),
+        Valid("class Worker:\n"
+              "    def compute_old_log_probs(self, data):\n"
+              "        with torch.no_grad():\n"
+              "            old_log_probs = self.forward_logp(data['input_ids'])\n"
+              "        return {'old_log_probs': old_log_probs}\n"
+              "\n"
+              "    def update_actor(self, data):\n"
+              "        for mb in data.split(self.config.mini_batch_size):\n"
+              "            ratio = (self.forward_logp(mb['input_ids']) - mb['old_log_probs']).exp()\n"
+              "            (-(ratio * mb['advantages']).mean()).backward()\n"
+              "            self.optimizer.step()\n"
+              "            self.optimizer.zero_grad()\n",
+              "an entry point the framework calls (no call in the module): no caller context to borrow",
+              capability="C5", style="framework"),
     ]
     INVALID = [
         Invalid("for epoch in range(ppo_epochs):\n"
@@ -192,6 +245,68 @@ class OldLogpRecomputed(Rule):
                 "    old_logprobs = gather_logp(out.logits, ids)\n"
                 "    for mb in minibatches:\n"
                 "        pass\n", line=4, why="through a forward in the same loop"),
+        Invalid("class Learner:\n"
+                "    def _stale(self, b):\n"
+                "        with torch.no_grad():\n"
+                "            old_lp = self.token_lp(b)\n"
+                "        return old_lp\n"
+                "\n"
+                "    def loss_of(self, b):\n"
+                "        ratio = (self.token_lp(b) - self._stale(b)).exp()\n"
+                "        return -(ratio * b['adv']).mean()\n"
+                "\n"
+                "    def token_lp(self, b):\n"
+                "        return self.policy(b['ids']).logits.log_softmax(-1)\n"
+                "\n"
+                "    def fit(self, batch):\n"
+                "        for _ in range(self.passes):\n"
+                "            for b in batch.split(self.mb):\n"
+                "                self.loss_of(b).backward()\n"
+                "                self.opt.step()\n"
+                "                self.opt.zero_grad()\n", line=4,
+                why="two levels of helpers: the minibatch loop calls loss_of(), which calls _stale()",
+                capability="C5", style="class"),
+        Invalid("def behaviour(policy, ids):\n"
+                "    with torch.no_grad():\n"
+                "        old_logp = token_logps(policy, ids)\n"
+                "    return old_logp\n"
+                "\n"
+                "def objective(policy, mb):\n"
+                "    return clip_objective(token_logps(policy, mb.ids), behaviour(policy, mb.ids), mb.adv)\n"
+                "\n"
+                "def one_step(policy, mb, opt):\n"
+                "    opt.zero_grad()\n"
+                "    objective(policy, mb).backward()\n"
+                "    opt.step()\n"
+                "\n"
+                "def train(policy, opt, data, epochs):\n"
+                "    for _ in range(epochs):\n"
+                "        for mb in data.split(16):\n"
+                "            one_step(policy, mb, opt)\n", line=3,
+                why="three levels of callers between the helper and the epoch loop",
+                capability="C5", style="functional"),
+        Invalid("def upd(pi, opt, data, cfg):\n"
+                "    for _ in range(cfg.ppo_epochs):\n"
+                "        for mb in data.split(cfg.mb):\n"
+                "            with torch.no_grad():\n"
+                "                mb['old_log_probs'] = tok_lp(pi, mb['ids'])\n"
+                "            r = (tok_lp(pi, mb['ids']) - mb['old_log_probs']).exp()\n"
+                "            l = -(r * mb['adv']).mean()\n"
+                "            opt.zero_grad(); l.backward(); opt.step()\n", line=5,
+                why="stored under the old log-probs key of the minibatch record, inside the loop",
+                capability="C3", style="script"),
+        Invalid("def lp_old(pi, x):\n"
+                "    with torch.no_grad():\n"
+                "        behav_lp = pi(x).logits.log_softmax(-1)\n"
+                "    return behav_lp\n"
+                "\n"
+                "for ep in range(K):\n"
+                "    for i in idx.split(64):\n"
+                "        r = (pi(X[i]).logits.log_softmax(-1) - lp_old(pi, X[i])).exp()\n"
+                "        l = -(r * A[i]).mean()\n"
+                "        o.zero_grad(); l.backward(); o.step()\n", line=3,
+                why="a helper whose only call sits in the epoch loop, used in the ratio",
+                capability="C5", style="script"),
     ]
 
     def check(self, ctx: Analysis) -> Iterator[Violation]:
@@ -202,16 +317,15 @@ class OldLogpRecomputed(Rule):
             defs = [d for d in ctx.index.stmt_defs.get(id(stmt), ()) if d.kind == "assign"]
             for d in defs:
                 name = d.key
-                bare = name.rsplit(".", 1)[-1]
-                if "[" in name or not (ctx.names.is_role(bare, "old_logp") or _used_key(ctx, d) in used):
+                bare = _stored_field(name) if "[" in name else name.rsplit(".", 1)[-1]
+                if bare is None or not (ctx.names.is_role(bare, "old_logp") or _used_key(ctx, d) in used):
                     continue
                 loops = train.update_loops(stmt)
                 per_call = False
                 if not loops:
                     # class 5: a method whose every call in the module sits in an update loop runs once per update
-                    func = ctx.enclosing_function(stmt)
-                    sites = call_sites(ctx, func) if func is not None else []
-                    if not sites or not all(train.update_loops(site) for site in sites):
+                    # (through a few levels of callers: `loss_of()` calls `_old()`, the loop calls `loss_of()`)
+                    if not runs_per_update(ctx, ctx.enclosing_function(stmt)):
                         continue
                     per_call = True
                 value = d.value.elements[d.element].value if d.element is not None and isinstance(
@@ -230,6 +344,15 @@ class OldLogpRecomputed(Rule):
                                 "them once before the epoch loop (or at rollout time) and slice the "
                                 "stored values per minibatch")
                 break
+
+
+def _stored_field(key: str) -> str | None:
+    """``mb['old_log_probs']`` -> ``old_log_probs``: the string key a value is stored under in a record (the
+    last one of the path); None for a deeper path (``d['a'].b``)."""
+    if not key.endswith("]"):
+        return None
+    inner = key[key.rfind("[") + 1:-1]
+    return inner[1:-1] if len(inner) >= 2 and inner[0] == inner[-1] and inner[0] in "'\"" else None
 
 
 def _used_key(ctx: Analysis, d: Def) -> tuple[int, str]:

@@ -8,7 +8,9 @@ from typing import Iterator
 import libcst as cst
 
 from rlguard.lint.analysis import Analysis, dotted_name
+from rlguard.lint.analysis import accumulation as A
 from rlguard.lint.analysis import semantics as S
+from rlguard.lint.analysis.callers import caller_loops
 from rlguard.lint.analysis.index import key_of, children
 from rlguard.lint.analysis.loops import Loop, Training, training
 from rlguard.lint.analysis.roles import backward_loss, names_along
@@ -32,7 +34,12 @@ MASKED_MEANS = frozenset({"masked_mean", "mean_masked", "masked_average", "maske
 COUNT_METHODS = frozenset({"sum", "count_nonzero", "nansum"})
 CLAMPS = frozenset({"clamp", "clamp_min", "clip", "clamp_", "float", "to", "type_as", "item", "detach", "double"})
 STEP_NAME = re.compile(r"(?i)\w*step")
+COUNT_NAME = re.compile(r"(?i)\w*(n_tok\w*|num_tok\w*|tokens?_count|n_valid\w*|num_valid\w*|\w*_tokens|count)")
 DEPTH = 10
+PER_CALL_MESSAGE = ("this helper's backward takes its microbatch's own token mean, and every caller runs it once per "
+                    "microbatch of an accumulation loop with no step in between: the per-microbatch means are "
+                    "summed, so the gradient is scaled by their number and tokens of small microbatches weigh more; "
+                    "pass the whole minibatch's token count in and divide the per-token sum by it")
 
 
 class AccumulationScale(Rule):
@@ -44,6 +51,16 @@ class AccumulationScale(Rule):
     number of microbatches (`/ n_micro`, `/ grad_accum_steps`, `/ len(parts)`, `loss /= accum`), or summed
     without division in a microbatch loop (`for mb in batch.chunk(n)`, `range(accum_steps)`) that has no
     unconditional optimizer step.
+
+    The same when the backward sits in a helper with no loop of its own and every call of the helper in the
+    module runs once per microbatch of such a loop (the helper's parameters are judged by the caller's
+    arguments: a count handed in from the microbatch is local, one computed before the loop is not).
+
+    Across data-parallel ranks: a loss multiplied by the world size (`loss * world_size / n_tokens`, undoing
+    the gradient averaging) whose token count is summed on this rank only (a mask sum that no collective takes
+    in place), and an in-place collective on a temporary whose result is dropped (`dist.all_reduce(mask.sum())`
+    in a function that takes a backward). A count capped at 1 (`loss_sum / min(n_tokens, 1)`, `clamp(max=1)`)
+    is the empty-batch guard written the wrong way round: the loss is then a sum.
 
     Not flagged: `(loss_sum / total_tokens).backward()` where `total_tokens` is the whole minibatch's count
     computed outside the microbatch loop; one pass with no loop; sequence-level losses (`masked_mean(x, m,
@@ -74,6 +91,12 @@ class AccumulationScale(Rule):
         (loss_sum / total_tokens).backward()
     optimizer.step()
     ```
+
+    ## Runtime state
+    Whether gradients are averaged across ranks, and whether a count is summed across ranks by code out of
+    view, is runtime state: the linter reports only a world-size factor or a dropped collective it can see.
+    The accumulation preflight check (the accumulated gradient equals the one-pass gradient, relative error
+    < 1e-4, on one or several ranks) covers the rest.
 
     ## Fix
     No automatic fix: the whole minibatch's token count has to be computed before the loop (and summed across
@@ -123,6 +146,101 @@ class AccumulationScale(Rule):
               "    loss.backward()\n"
               "    if (i + 1) % accum_steps == 0:\n"
               "        optimizer.step()\n", "sum over a global count, conditional step"),
+        Valid("def micro_backward(policy, mb, total_tokens):\n"
+              "    per_tok = -token_logps(policy, mb) * mb['adv'][:, None]\n"
+              "    loss = (per_tok * mb['mask']).sum() / total_tokens\n"
+              "    loss.backward()\n"
+              "\n"
+              "def update(policy, opt, batch):\n"
+              "    total = batch['mask'].sum()\n"
+              "    opt.zero_grad()\n"
+              "    for mb in batch.split(8):\n"
+              "        micro_backward(policy, mb, total)\n"
+              "    opt.step()\n",
+              "the helper is handed the whole minibatch's count by its caller", capability="C5",
+              style="functional"),
+        Valid("class Learner:\n"
+              "    def _train_on(self, mb):\n"
+              "        loss = masked_mean(self.per_token_loss(mb), mb['mask'])\n"
+              "        loss.backward()\n"
+              "\n"
+              "    def update(self, batch):\n"
+              "        for mb in batch.split(self.micro_size):\n"
+              "            self.opt.zero_grad()\n"
+              "            self._train_on(mb)\n"
+              "            self.opt.step()\n",
+              "the caller steps after every call: one update per microbatch, nothing accumulates",
+              capability="C5", style="class"),
+        Valid("def fwd_bwd(m, b):\n"
+              "    l = masked_mean(tok_loss(m, b), b['mask'])\n"
+              "    l.backward()\n"
+              "\n"
+              "for step in range(n_steps):\n"
+              "    b = next(loader)\n"
+              "    fwd_bwd(m, b)\n"
+              "    o.step(); o.zero_grad()\n",
+              "each call is a whole update (the loop steps each iteration), no microbatch loop",
+              capability="C5", style="script"),
+        Valid("def pg_step(pi, opt, batches):\n"
+              "    opt.zero_grad()\n"
+              "    for mb in batches.split(4):\n"
+              "        m = mb['mask']\n"
+              "        l = (tok_loss(pi, mb) * m).sum() / (1e-8 + m.sum())\n"
+              "        l.backward()\n"
+              "        opt.step(); opt.zero_grad()\n",
+              "an epsilon written first, one step per microbatch: a plain token mean", capability="C9",
+              style="script"),
+        Valid("def update(policy, opt, batch):\n"
+              "    n_tokens = batch['mask'].sum()\n"
+              "    for mb in batch.split(8):\n"
+              "        loss = (token_loss(policy, mb) * mb['mask']).sum() / max(n_tokens, 1)\n"
+              "        loss.backward()\n"
+              "    opt.step()\n",
+              "the empty-batch guard the right way round, on the whole minibatch's count", capability="C9",
+              style="functional"),
+        Valid("class Trainer:\n"
+              "    def update(self, batch):\n"
+              "        count = batch.mask.sum().clamp(min=1)\n"
+              "        for mb in batch.chunk(self.n_micro):\n"
+              "            loss = (self.per_token(mb) * mb.mask).sum() / count\n"
+              "            loss.backward()\n"
+              "        self.opt.step()\n",
+              "clamp(min=1) guards the count from below", capability="C9", style="class"),
+        Valid("class Actor:\n"
+              "    def update(self, data):\n"
+              "        for minibatch in data.split(self.config.minibatch_size):\n"
+              "            n_resp = minibatch.batch['resp_mask'].sum()\n"
+              "            dist.all_reduce(n_resp, op=dist.ReduceOp.SUM)\n"
+              "            for micro in minibatch.split(self.config.micro_batch_size):\n"
+              "                part = self.token_loss(micro) * micro.batch['resp_mask']\n"
+              "                loss = part.sum() * self.dp_size / n_resp\n"
+              "                loss.backward()\n"
+              "            self.optimizer.step()\n",
+              "the count is summed across ranks in place before the world size undoes the averaging",
+              capability="C9", style="framework"),
+        Valid("import torch.distributed as dist\n"
+              "\n"
+              "def update(policy, opt, batch):\n"
+              "    n_tok = batch['mask'].sum()\n"
+              "    dist.all_reduce(n_tok)\n"
+              "    for mb in batch.split(8):\n"
+              "        loss = (token_loss(policy, mb) * mb['mask']).sum() * dist.get_world_size() / n_tok\n"
+              "        loss.backward()\n"
+              "    opt.step()\n",
+              "the collective takes the count variable itself", capability="C9", style="functional"),
+        Valid("tot = torch.clamp(mask.sum(), min=1)\n"
+              "for mb in idx.chunk(accum):\n"
+              "    l = (tl(pi, X[mb]) * mask[mb]).sum() / tot\n"
+              "    l.backward()\n"
+              "opt.step()\n", "torch.clamp with a lower bound on the whole batch's count", capability="C9",
+              style="script"),
+        Valid("def update(policy, opt, batch, world_size):\n"
+              "    every_mask = gather_from_all(batch['mask'])\n"
+              "    for mb in batch.split(8):\n"
+              "        loss = (token_loss(policy, mb) * mb['mask']).sum() * world_size / every_mask.sum()\n"
+              "        loss.backward()\n"
+              "    opt.step()\n",
+              "the count is taken over a mask gathered from every rank", capability="C9", style="functional"),
     ]
     INVALID = [
         Invalid("for mb in batch.chunk(n_micro):\n"
@@ -168,18 +286,131 @@ class AccumulationScale(Rule):
                 "    scaler.scale(loss / accumulation_steps).backward()\n"
                 "    if (i + 1) % accumulation_steps == 0:\n"
                 "        scaler.step(optimizer)\n", line=3, why="AMP scaler, conditional step"),
+        Invalid("class Learner:\n"
+                "    def _accumulate(self, mb):\n"
+                "        loss = masked_mean(self.per_token_loss(mb), mb['mask'])\n"
+                "        loss.backward()\n"
+                "\n"
+                "    def update(self, batch):\n"
+                "        self.opt.zero_grad()\n"
+                "        for mb in batch.split(self.micro_size):\n"
+                "            self._accumulate(mb)\n"
+                "        self.opt.step()\n", line=4,
+                why="the helper's backward runs once per microbatch of its caller's loop", capability="C5",
+                style="class"),
+        Invalid("def micro_backward(policy, mb, n_tok):\n"
+                "    per_tok = -token_logps(policy, mb) * mb['adv'][:, None]\n"
+                "    loss = (per_tok * mb['mask']).sum() / n_tok\n"
+                "    loss.backward()\n"
+                "\n"
+                "def update(policy, opt, batch):\n"
+                "    opt.zero_grad()\n"
+                "    for mb in batch.split(8):\n"
+                "        micro_backward(policy, mb, mb['mask'].sum())\n"
+                "    opt.step()\n", line=4,
+                why="the count the caller hands in is the microbatch's own", capability="C5",
+                style="functional"),
+        Invalid("class Worker:\n"
+                "    def backward_micro(self, micro):\n"
+                "        keep = micro['loss_mask']\n"
+                "        loss = (self.token_loss(micro) * keep).sum() / keep.sum()\n"
+                "        loss.backward()\n"
+                "\n"
+                "    def train_minibatch(self, minibatch):\n"
+                "        for i, micro in enumerate(minibatch.split(self.cfg.micro_size)):\n"
+                "            self.backward_micro(micro)\n"
+                "            if i == self.cfg.accum_steps - 1:\n"
+                "                self.optimizer.step()\n", line=5,
+                why="config-driven accumulation: the step is gated, the helper's means are summed",
+                capability="C5", style="framework"),
+        Invalid("for i in range(0, N, mbs):\n"
+                "    mask = masks[i:i + mbs, 1:]\n"
+                "    o = (lp(X[i:i + mbs]) * A[i:i + mbs, None] * mask).sum() / (1e-6 + mask.sum())\n"
+                "    (-o / n_micro).backward()\n"
+                "opt.step()\n", line=4,
+                why="the epsilon written before the microbatch's own count", capability="C9", style="script"),
+        Invalid("def update(policy, opt, batch):\n"
+                "    for mb in batch.split(8):\n"
+                "        m = mb['mask']\n"
+                "        loss = (token_loss(policy, mb) * m).sum() / min(m.sum(), 1)\n"
+                "        loss.backward()\n"
+                "    opt.step()\n", line=4,
+                why="min() caps the count at 1: a token sum, not a mean", capability="C9", style="functional"),
+        Invalid("class Trainer:\n"
+                "    def update(self, batch):\n"
+                "        n_valid = batch.mask.sum()\n"
+                "        for mb in batch.chunk(self.n_micro):\n"
+                "            loss = (self.per_token(mb) * mb.mask).sum() / n_valid.clamp(max=1)\n"
+                "            loss.backward()\n"
+                "        self.opt.step()\n", line=5,
+                why="clamp(max=1) instead of clamp(min=1)", capability="C9", style="class"),
+        Invalid("class Actor:\n"
+                "    def update(self, data):\n"
+                "        for minibatch in data.split(self.config.minibatch_size):\n"
+                "            n_resp = minibatch.batch['resp_mask'].sum()\n"
+                "            for micro in minibatch.split(self.config.micro_batch_size):\n"
+                "                part = self.token_loss(micro) * micro.batch['resp_mask']\n"
+                "                loss = part.sum() * self.dp_size / n_resp\n"
+                "                loss.backward()\n"
+                "            self.optimizer.step()\n", line=7,
+                why="the world size undoes the averaging across ranks, but the count is this rank's own",
+                capability="C9", style="framework"),
+        Invalid("import torch.distributed as dist\n"
+                "\n"
+                "class Critic:\n"
+                "    def update(self, batch):\n"
+                "        n_tok = batch['mask'].sum()\n"
+                "        dist.all_reduce(batch['mask'].sum())\n"
+                "        for mb in batch.split(self.micro):\n"
+                "            loss = ((self.values(mb) - mb['ret']) ** 2 * mb['mask']).sum() / n_tok\n"
+                "            loss.backward()\n"
+                "        self.opt.step()\n", line=6,
+                why="the collective sums a temporary and drops it; the count stays rank-local",
+                capability="C9", style="class"),
+        Invalid("for mb in idx.chunk(accum):\n"
+                "    mask = masks[mb]\n"
+                "    l = (tl(pi, X[mb]) * mask).sum() / torch.clamp(mask.sum(), max=1)\n"
+                "    l.backward()\n"
+                "opt.step()\n", line=3, why="torch.clamp with an upper bound of 1", capability="C9",
+                style="script"),
     ]
 
     def check(self, ctx: Analysis) -> Iterator[Violation]:
         acc = _Accumulation(ctx)
+        for collective in A.discarded_collectives(ctx):
+            func = ctx.enclosing_function(collective)
+            tensor = collective.args[0].value
+            if func is not None and acc.count_locality(tensor, None, {}, DEPTH) is not None and any(
+                    ctx.contains(func, b) for b in acc.train.facts.backwards):
+                yield Violation(collective, f"`{ctx.code(collective).strip()}` sums a temporary across ranks in "
+                                            "place and throws the result away, so the token count the loss is "
+                                            "normalised by stays this rank's own; reduce the count variable itself "
+                                            "(`n = mask.sum(); dist.all_reduce(n)`) and divide by it")
         for call in acc.train.facts.backwards:
             loss = backward_loss(call)
             if loss is None:
                 continue
             loops = ctx.enclosing_loops(call)
             loop = loops[0] if loops else None
+            capped = acc.capped_count(loss, DEPTH, set())
+            if capped is not None:
+                yield Violation(capped, "the loss is divided by a count capped at 1 (`min(n, 1)`, "
+                                        "`clamp(max=1)`), so it is a sum over tokens whose scale grows with the "
+                                        "batch; the guard against an empty batch is `max(n, 1)` / `clamp(min=1)`")
+                continue
+            rank_local = acc.rank_local_count(loss, DEPTH, set())
+            if rank_local is not None:
+                yield Violation(rank_local, "the loss is multiplied by the data-parallel world size and divided by "
+                                            "a token count summed on this rank only (it is never all-reduced in "
+                                            "place), so after the gradients are averaged across ranks each rank's "
+                                            "tokens weigh by its own count; sum the count across ranks "
+                                            "(`dist.all_reduce(total_tokens)`) before dividing")
+                continue
             mean = acc.token_mean(loss, loop, {}, DEPTH, set())
             if mean is None:
+                if loop is None and acc.divided_by_count(loss, DEPTH, set()) is None and \
+                        acc.per_call_accumulation(call, loss):
+                    yield Violation(call, PER_CALL_MESSAGE)
                 continue
             division = acc.divided_by_count(loss, DEPTH, set())
             if division is not None:
@@ -192,6 +423,8 @@ class AccumulationScale(Rule):
                                       "gradient is scaled by their number and tokens of small microbatches weigh "
                                       "more; sum the per-token losses and divide by the whole minibatch's token "
                                       "count (`(loss_sum / total_tokens).backward()`)")
+            elif loop is None and acc.per_call_accumulation(call, loss):
+                yield Violation(call, PER_CALL_MESSAGE)
 
 
 class _Accumulation:
@@ -216,12 +449,15 @@ class _Accumulation:
         name = key.rsplit(".", 1)[-1] if key else None
         return name is not None and ACCUM_COUNT.fullmatch(name) is not None
 
-    def steps_every_iteration(self, loop: Loop) -> bool:
-        """An optimizer step (``opt.step()``, ``self.optimizer_step()``...) in the loop's body, not under an ``if``."""
+    def steps_every_iteration(self, loop: Loop, helper: cst.FunctionDef | None = None) -> bool:
+        """An optimizer step (``opt.step()``, ``self.optimizer_step()``...) in the loop's body, not under an ``if``
+        (a call of ``helper``, the function whose backward is judged, is no step)."""
         ctx = self.ctx
         for call in ctx.index.descendants(loop, cst.Call):
             name = S.called_name(call)
             if name is None or not STEP_NAME.fullmatch(name):
+                continue
+            if helper is not None and ctx.callee(call) is helper:
                 continue
             recv = S.receiver(call)
             if recv is not None and re.search(r"(?i)env|sched", dotted_name(recv) or ""):
@@ -263,6 +499,89 @@ class _Accumulation:
                         return hit
                 elif d.kind == "assign" and d.value is not None and d.element is None:
                     hit = self.divided_by_count(d.value, depth - 1, seen)
+                    if hit is not None:
+                        return hit
+        return None
+
+    def per_call_accumulation(self, call: cst.Call, loss: cst.BaseExpression) -> bool:
+        """A backward in a helper with no loop of its own (C5): every in-module call of the helper sits in a
+        microbatch loop that does not step each iteration, the helper does not step either, and at every call
+        site (the helper's parameters bound to the caller's arguments) the loss is the microbatch's own mean."""
+        from rlguard.lint.analysis.values import bind_arguments
+
+        ctx = self.ctx
+        func = ctx.enclosing_function(call)
+        if func is None or self.steps_every_iteration(func):
+            return False
+        sites = caller_loops(ctx, func, self.train.is_microbatch_loop, depth=1)
+        if not sites:
+            return False
+        for site, caller_loop in sites:
+            if self.steps_every_iteration(caller_loop, func):
+                return False
+            bindings = {param: (value, caller_loop) for param, (value, _frame) in bind_arguments(func, site, None)}
+            if self.token_mean(loss, None, bindings, DEPTH, set()) is None:
+                return False
+        return True
+
+    def rank_local_count(self, expr: cst.BaseExpression, depth: int, seen: set[int]) -> cst.CSTNode | None:
+        """The division, on the loss's way, of a product carrying the data-parallel world size
+        (``loss * world_size / n_tokens``: the gradient averaging across ranks undone) by a token count that is
+        summed on this rank only: a mask sum, inline or in a name that no collective takes in place."""
+        ctx = self.ctx
+
+        def rank_local(div: cst.BinaryOperation) -> bool:
+            if not any(A.world_size_factor(ctx, f) is not None for f in _factors(div.left)) or \
+                    self.count_locality(div.right, None, {}, DEPTH) is None:
+                return False
+            count = self.strip_clamps(div.right)
+            if A.through_collective(ctx, count):
+                return False  # counted over a mask gathered from every rank
+            key = key_of(count)
+            return key is None or not A.reduced_in_place(ctx, key, ctx.enclosing_function(div) or ctx.module)
+
+        return self.division_on_way(expr, rank_local, depth, seen)
+
+    def capped_count(self, expr: cst.BaseExpression, depth: int, seen: set[int]) -> cst.CSTNode | None:
+        """A division of the loss by a count capped at 1 (``min(n_tokens, 1)``, ``n.clamp(max=1)``): the guard
+        against an empty batch written the wrong way round, so the loss is a sum, not a mean (C9)."""
+        ctx = self.ctx
+
+        def capped(div: cst.BinaryOperation) -> bool:
+            inner = _capped_at_one(ctx, div.right)
+            return inner is not None and (self.count_locality(inner, None, {}, DEPTH) is not None
+                                          or self.is_accumulation_count(inner)
+                                          or COUNT_NAME.fullmatch(_last(inner) or "") is not None)
+
+        return self.division_on_way(expr, capped, depth, seen)
+
+    def division_on_way(self, expr: cst.BaseExpression, pred, depth: int, seen: set[int]) -> cst.CSTNode | None:
+        """The first division ``pred`` accepts on the loss's way: through products, sums, negation, casts and
+        the reaching assignments of names."""
+        ctx = self.ctx
+        if depth < 0 or id(expr) in seen:
+            return None
+        seen.add(id(expr))
+        if isinstance(expr, cst.BinaryOperation):
+            if isinstance(expr.operator, cst.Divide):
+                if pred(expr):
+                    return expr
+                return self.division_on_way(expr.left, pred, depth - 1, seen)
+            if isinstance(expr.operator, (cst.Multiply, cst.Add, cst.Subtract)):
+                return (self.division_on_way(expr.left, pred, depth - 1, seen)
+                        or self.division_on_way(expr.right, pred, depth - 1, seen))
+            return None
+        if isinstance(expr, cst.UnaryOperation):
+            return self.division_on_way(expr.expression, pred, depth - 1, seen)
+        if isinstance(expr, cst.Call) and ctx.method(expr) in PASS_THROUGH_METHODS:
+            return self.division_on_way(S.receiver(expr), pred, depth - 1, seen)
+        if isinstance(expr, (cst.Name, cst.Attribute)):
+            key = key_of(expr)
+            if key is None:
+                return None
+            for d in ctx.flow.reaching(key, expr):
+                if d.kind in ("assign", "aug") and d.value is not None and d.element is None:
+                    hit = self.division_on_way(d.value, pred, depth - 1, seen)
                     if hit is not None:
                         return hit
         return None
@@ -418,6 +737,9 @@ class _Accumulation:
                     expr.right, (cst.Float, cst.Integer, cst.Name)) and not isinstance(expr.left, (cst.Float,
                                                                                                      cst.Integer)):
                 expr = expr.left
+            elif isinstance(expr, cst.BinaryOperation) and isinstance(expr.operator, cst.Add) and isinstance(
+                    expr.left, (cst.Float, cst.Integer)) and not isinstance(expr.right, (cst.Float, cst.Integer)):
+                expr = expr.right  # `eps + mask.sum()`: the guard written first
             else:
                 return expr
 
@@ -446,6 +768,48 @@ class _Accumulation:
                         or self.locality(defn.value, loop, bindings, depth - 1) == "local"):
                     return "local"
         return "global"
+
+
+def _capped_at_one(ctx: Analysis, expr: cst.BaseExpression) -> cst.BaseExpression | None:
+    """``min(n, 1)``, ``min(1, n)``, ``n.clamp(max=1)``, ``n.clamp_max(1)``, ``torch.clamp(n, max=1)``: ``n``."""
+    if not isinstance(expr, cst.Call):
+        return None
+    args = expr.args
+    if isinstance(expr.func, cst.Name) and expr.func.value == "min" and len(args) == 2:
+        ones = [a for a in args if _is_one(a.value)]
+        rest = [a for a in args if not _is_one(a.value)]
+        return rest[0].value if len(ones) == 1 and len(rest) == 1 else None
+    method = ctx.method(expr)
+    if method in ("clamp", "clip", "clamp_"):
+        top = S.argument(expr, 1, "max")
+        return S.receiver(expr) if top is not None and _is_one(top) else None
+    if method == "clamp_max" and args and _is_one(args[0].value):
+        return S.receiver(expr)
+    if ctx.call_name(expr) in ("torch.clamp", "torch.clip") and args:
+        top = S.argument(expr, 2, "max")
+        return args[0].value if top is not None and _is_one(top) else None
+    return None
+
+
+def _is_one(expr: cst.BaseExpression) -> bool:
+    if not isinstance(expr, (cst.Integer, cst.Float)):
+        return False
+    try:
+        return float(expr.value) == 1.0
+    except ValueError:
+        return False
+
+
+def _last(expr: cst.BaseExpression) -> str | None:
+    key = key_of(expr)
+    return key.rsplit(".", 1)[-1] if key else None
+
+
+def _factors(expr: cst.BaseExpression) -> list[cst.BaseExpression]:
+    """The factors of a product: ``a * b * c`` -> [a, b, c] (parentheses and casts kept as they are)."""
+    if isinstance(expr, cst.BinaryOperation) and isinstance(expr.operator, cst.Multiply):
+        return _factors(expr.left) + _factors(expr.right)
+    return [expr]
 
 
 def _has_dim(call: cst.Call) -> bool:

@@ -9,6 +9,8 @@ import libcst as cst
 from rlguard.lint.analysis.index import children
 
 from rlguard.lint.analysis import Analysis
+from rlguard.lint.analysis import accumulation as A
+from rlguard.lint.analysis.callers import caller_loops
 from rlguard.lint.analysis.grad import call_sites
 from rlguard.lint.analysis.loops import ALL, UNKNOWN, Training, Zeroing, training
 from rlguard.lint.rule import Invalid, Rule, Valid, Violation
@@ -22,7 +24,20 @@ class GradNotZeroed(Rule):
     these counts as zeroing: `optimizer.zero_grad()` (with or without `set_to_none`), `model.zero_grad()`,
     `for p in params: p.grad = None`, `p.grad.zero_()`, or a call of a helper of the same module that does
     one of these. When the step sits in a helper with no zeroing (`def update(...): loss.backward();
-    opt.step()`), the loop of the same module that calls the helper must zero.
+    opt.step()`), the loop of the same module that calls the helper (directly, or through other helpers of the
+    module) must zero.
+
+    Also flagged, from library semantics visible in the module: a module's own `model.zero_grad()` run on
+    every iteration of a loop that accumulates through `with accelerator.accumulate(model):` (the context gates
+    only the prepared optimizer's `step` and `zero_grad` to the synchronising microbatch, so the module's
+    zeroing wipes what is being accumulated); and an optimizer step after Megatron's pipeline schedule
+    (`get_forward_backward_func()`) in a module that builds Megatron's `DistributedDataParallel` (or its
+    config, or `get_megatron_optimizer` over the chunks) and never calls a model chunk's `zero_grad_buffer()`
+    (Megatron's DDP chunks keep gradients in their own buffers, which `optimizer.zero_grad()` does not clear; a
+    module that only runs the schedule on models and optimizers set up elsewhere is left alone, as their owner
+    may free and rebuild the buffers).
+    `accelerator.accumulate(model)` with `optimizer.zero_grad()` on every iteration is correct when the
+    optimizer went through `accelerator.prepare`, and is not flagged.
 
     Gradient accumulation is recognised: `zero_grad` right after a conditional step
     (`if (i + 1) % accum == 0: opt.step(); opt.zero_grad()`), or in the enclosing loop when the step sits
@@ -53,6 +68,12 @@ class GradNotZeroed(Rule):
         loss.backward()
         optimizer.step()
     ```
+
+    ## Runtime state
+    Whether an optimizer was prepared by the accumulation wrapper, and which buffers a distributed model
+    keeps its gradients in, is runtime state. The runtime check that gradients are zero or None before each
+    update's first backward, and the accumulation preflight check (the accumulated gradient equals the
+    one-pass gradient), cover what the linter cannot see.
 
     ## Fix
     No automatic fix: where the zeroing belongs (top of the loop, after the step, at an accumulation
@@ -125,7 +146,8 @@ class GradNotZeroed(Rule):
               "    optimizer.step()\n"
               "\n"
               "for batch in loader:\n"
-              "    update(model, optimizer, batch)\n", "the helper zeroes before its step"),
+              "    update(model, optimizer, batch)\n", "the helper zeroes before its step",
+              capability="C5", style="functional"),
         Valid("for batch in loader:\n"
               "    def closure():\n"
               "        optimizer.zero_grad()\n"
@@ -153,6 +175,72 @@ class GradNotZeroed(Rule):
               "        self.model.training_step(batch)\n"
               "        self.model.optim.step()\n",
               "a framework training step out of view owns the gradients (it zeroes at its entry)"),
+        Valid("class Tuner:\n"
+              "    def fit(self, loader):\n"
+              "        for batch in loader:\n"
+              "            with self.accelerator.accumulate(self.model):\n"
+              "                loss = self.loss_fn(batch)\n"
+              "                self.accelerator.backward(loss)\n"
+              "                self.optimizer.step()\n"
+              "                self.optimizer.zero_grad()\n",
+              "the prepared optimizer's zero_grad is gated by the accumulation context", capability="C12",
+              style="class"),
+        Valid("def train(accelerator, net, opt, loader):\n"
+              "    for batch in loader:\n"
+              "        with accelerator.accumulate(net):\n"
+              "            accelerator.backward(net(batch).loss)\n"
+              "            if accelerator.sync_gradients:\n"
+              "                opt.step()\n"
+              "                net.zero_grad()\n",
+              "the module is zeroed only on the synchronising microbatch", capability="C12",
+              style="functional"),
+        Valid("from megatron.core.distributed import DistributedDataParallel\n"
+              "from megatron.core.pipeline_parallel import get_forward_backward_func\n"
+              "\n"
+              "class Engine:\n"
+              "    def __init__(self, cfg, ddp_cfg, chunks, optimizer):\n"
+              "        self.model = [DistributedDataParallel(cfg, ddp_cfg, c) for c in chunks]\n"
+              "        self.optimizer = optimizer\n"
+              "\n"
+              "    def train_batch(self, data):\n"
+              "        for chunk in self.model:\n"
+              "            chunk.zero_grad_buffer()\n"
+              "        self.optimizer.zero_grad()\n"
+              "        run = get_forward_backward_func()\n"
+              "        run(forward_step_func=self.step_fn, data_iterator=iter(data), model=self.model,\n"
+              "            num_microbatches=len(data), seq_length=1, micro_batch_size=1, forward_only=False)\n"
+              "        self.optimizer.step()\n",
+              "every model chunk's gradient buffer is zeroed before the schedule", capability="C12",
+              style="framework"),
+        Valid("class Agent:\n"
+              "    def learn(self, b):\n"
+              "        self.loss(b).backward()\n"
+              "        self.opt.step()\n"
+              "\n"
+              "    def run(self, batches):\n"
+              "        for b in batches:\n"
+              "            self.opt.zero_grad()\n"
+              "            self.learn(b)\n",
+              "the caller's loop zeroes before each call of the stepping helper", capability="C5",
+              style="class"),
+        Valid("def upd(b):\n"
+              "    opt.zero_grad(); L(b).backward(); opt.step()\n"
+              "\n"
+              "for b in dl:\n"
+              "    upd(b)\n", "the helper zeroes before its own step", capability="C5", style="script"),
+        Valid("class Runner:\n"
+              "    def _apply(self, batch):\n"
+              "        self.model(**batch['inputs']).loss.backward()\n"
+              "        self.optimizer.step()\n"
+              "\n"
+              "    def _one_batch(self, batch):\n"
+              "        self.optimizer.zero_grad(set_to_none=True)\n"
+              "        self._apply(batch)\n"
+              "\n"
+              "    def run(self, loader):\n"
+              "        for batch in loader:\n"
+              "            self._one_batch(batch)\n",
+              "the intermediate helper zeroes before the stepping one", capability="C5", style="framework"),
     ]
     INVALID = [
         Invalid("for batch in loader:\n"
@@ -200,15 +288,93 @@ class GradNotZeroed(Rule):
                 "\n"
                 "def train(model, optimizer, loader):\n"
                 "    for batch in loader:\n"
-                "        update(model, optimizer, batch)\n", line=4, why="the helper's caller loops, never zeroes"),
+                "        update(model, optimizer, batch)\n", line=4, why="the helper's caller loops, never zeroes",
+                capability="C5", style="functional"),
+        Invalid("class Tuner:\n"
+                "    def fit(self, loader):\n"
+                "        for batch in loader:\n"
+                "            with self.accelerator.accumulate(self.model):\n"
+                "                loss = self.loss_fn(batch)\n"
+                "                self.accelerator.backward(loss)\n"
+                "                self.optimizer.step()\n"
+                "                self.model.zero_grad(set_to_none=True)\n", line=8,
+                why="the module's zero_grad is not gated: it wipes the accumulated gradients", capability="C12",
+                style="class"),
+        Invalid("for b in dl:\n"
+                "    with acc.accumulate(net):\n"
+                "        acc.backward(net(b).loss)\n"
+                "        opt.step()\n"
+                "    net.zero_grad()\n", line=5,
+                why="zeroing the wrapped module after the context, on every microbatch", capability="C12",
+                style="script"),
+        Invalid("from megatron.core.distributed import DistributedDataParallel\n"
+                "from megatron.core.pipeline_parallel import get_forward_backward_func\n"
+                "\n"
+                "class Engine:\n"
+                "    def __init__(self, cfg, ddp_cfg, chunks, optimizer):\n"
+                "        self.model = [DistributedDataParallel(cfg, ddp_cfg, c) for c in chunks]\n"
+                "        self.optimizer = optimizer\n"
+                "\n"
+                "    def train_batch(self, data):\n"
+                "        run = get_forward_backward_func()\n"
+                "        run(forward_step_func=self.step_fn, data_iterator=iter(data), model=self.model,\n"
+                "            num_microbatches=len(data), seq_length=1, micro_batch_size=1, forward_only=False)\n"
+                "        self.optimizer.step()\n"
+                "        self.optimizer.zero_grad()\n", line=13,
+                why="Megatron chunks keep gradients in buffers optimizer.zero_grad() does not clear",
+                capability="C12", style="framework"),
+        Invalid("class Agent:\n"
+                "    def learn(self, b):\n"
+                "        self.loss(b).backward()\n"
+                "        self.opt.step()\n"
+                "\n"
+                "    def run(self, batches):\n"
+                "        for b in batches:\n"
+                "            self.learn(b)\n", line=4,
+                why="the stepping method's only caller loops without zeroing", capability="C5", style="class"),
+        Invalid("def upd(b):\n"
+                "    L(b).backward(); opt.step()\n"
+                "\n"
+                "for b in dl:\n"
+                "    upd(b)\n", line=2, why="a terse helper stepped from a loop that never zeroes",
+                capability="C5", style="script"),
+        Invalid("class Runner:\n"
+                "    def _apply(self, batch):\n"
+                "        self.model(**batch['inputs']).loss.backward()\n"
+                "        self.optimizer.step()\n"
+                "\n"
+                "    def _one_batch(self, batch):\n"
+                "        batch = {k: v.to(self.cfg.device) for k, v in batch.items()}\n"
+                "        self._apply(batch)\n"
+                "\n"
+                "    def run(self, loader):\n"
+                "        for batch in loader:\n"
+                "            self._one_batch(batch)\n", line=4,
+                why="called only through another helper, from a loop that never zeroes", capability="C5",
+                style="framework"),
     ]
 
     def check(self, ctx: Analysis) -> Iterator[Violation]:
         train = training(ctx)
         facts = train.facts
+        for zero, acc in A.ungated_module_zeroing(ctx):
+            yield Violation(zero, f"`{_text(ctx, zero)}` runs on every microbatch of `{_text(ctx, acc)}`, which "
+                                  "gates only the prepared optimizer's step and zero_grad to the synchronising "
+                                  "microbatch: the module's own zero_grad wipes the gradients being accumulated, "
+                                  "so each update applies only the last microbatch's; zero through the prepared "
+                                  "optimizer (`optimizer.zero_grad()`)")
         if not facts.steps:
             return
+        megatron = _megatron_classes(ctx, train)
         for call, opt in facts.steps:
+            owner = ctx.enclosing_class(call) or ctx.enclosing_function(call)
+            if owner is not None and id(owner) in megatron:
+                yield Violation(call, f"`{_text(ctx, call)}` follows Megatron's pipeline schedule, whose model "
+                                      "chunks accumulate gradients in their own buffers (`main_grad`), and no "
+                                      "chunk's buffer is ever zeroed: `optimizer.zero_grad()` does not clear them, "
+                                      "so gradients leak into the next update; call `chunk.zero_grad_buffer()` "
+                                      "for every model chunk before the next forward-backward")
+                continue
             # `for opt in optimizers: opt.step()` steps each optimizer once: that loop is no training loop
             opt_names = _names(opt)
             loops = [loop for loop in ctx.enclosing_loops(call)
@@ -223,7 +389,8 @@ class GradNotZeroed(Rule):
             func = ctx.enclosing_function(call)
             if func is None or any(ctx.contains(func, z.node) and _matches(train, z, opt) for z in facts.zeroing):
                 continue
-            for site in call_sites(ctx, func):
+            sites = call_sites(ctx, func)
+            for site in sites:
                 site_loops = ctx.enclosing_loops(site)
                 if site_loops and not any(ctx.contains(site_loops[0], z.node) for z in facts.zeroing):
                     yield Violation(call, f"`{_text(ctx, call)}` has no zero_grad before it, and "
@@ -231,6 +398,32 @@ class GradNotZeroed(Rule):
                                           "either, so gradients accumulate across updates; call "
                                           f"`{_text(ctx, opt)}.zero_grad()` before the backward")
                     break
+            else:
+                if sites and not any(ctx.enclosing_loops(site) for site in sites):
+                    # called only through other helpers: the loops around every outermost call (C5)
+                    chain = caller_loops(ctx, func, lambda loop: True)
+                    for site, loop in chain or ():
+                        if any(ctx.contains(loop, z.node) for z in facts.zeroing):
+                            continue
+                        yield Violation(call, f"`{_text(ctx, call)}` has no zero_grad before it, and every call "
+                                              f"of `{func.name.value}()` comes, through other helpers, from a loop "
+                                              "that does not zero either, so gradients accumulate across "
+                                              f"updates; call `{_text(ctx, opt)}.zero_grad()` before the backward")
+                        break
+
+
+def _megatron_classes(ctx: Analysis, train: Training) -> set[int]:
+    """Classes (or, outside a class, functions) that run Megatron's schedule with gradients and step an
+    optimizer, in a module that builds Megatron's data-parallel wrapper or optimizer (the buffers' owner) and
+    never zeroes a model chunk's gradient buffer."""
+    if A.zeroes_grad_buffers(ctx) or not A.configures_megatron_ddp(ctx):
+        return set()
+    found = set()
+    for func in ctx.nodes(cst.FunctionDef):
+        if A.megatron_schedule(ctx, func):
+            owner = ctx.enclosing_class(func) or func
+            found.add(id(owner))
+    return found
 
 
 def _text(ctx: Analysis, node: cst.CSTNode) -> str:
