@@ -278,12 +278,20 @@ class Training:
         """The identity key of ``self.<attr>`` as seen from ``call``'s class."""
         cls = self.a.enclosing_class(call)
         owner = f"{cls.name.value}." if cls is not None else ""
+        fallback = None
         for stmt in self.a.nodes(cst.Attribute):
             if dotted_name(stmt) == path and self.a.enclosing_class(stmt) is cls:
+                value = self.objs.value(stmt)
                 found = self.roots(stmt)
-                if found:
-                    return next(iter(found))
-        return f"{owner}{path}"
+                if not found:
+                    continue
+                # the store's own target (`self.opt = AdamW(...)` in __init__) names the attribute, not the object
+                # bound to it: prefer a read, which resolves to that object as every use of `self.opt` does
+                if value and not isinstance(value, Tup) and all(o.kind == "attr" for o in value):
+                    fallback = fallback or next(iter(found))
+                    continue
+                return next(iter(found))
+        return fallback or f"{owner}{path}"
 
     def _map_summary(self, zeroes: list[str], params: list[str], call: cst.Call) -> frozenset:
         roots: set = set()
@@ -357,19 +365,27 @@ class Training:
         hit = cache.get(id(loop))
         if hit is not None:
             return hit
-        hit = False
-        for call in self.a.index.descendants(loop, cst.Call):
+        hit = self._gathers_experience(loop, depth=2)
+        cache[id(loop)] = hit
+        return hit
+
+    def _gathers_experience(self, scope: cst.CSTNode, depth: int) -> bool:
+        """A rollout call in ``scope``, or in a same-module function it calls (``depth`` levels): a loop that
+        calls ``train_step()`` which itself generates gathers fresh experience as much as one that generates."""
+        for call in self.a.index.descendants(scope, cst.Call):
             name = S.called_name(call) or ""
             if ROLLOUT_CALL.fullmatch(name):
-                hit = True
-                break
+                return True
             if name == "step" and self.optimizer_of_step(call) is None:
                 recv = S.receiver(call)
                 if re.search(r"(?i)env", _last_name(recv) or "" if recv is not None else ""):
-                    hit = True
-                    break
-        cache[id(loop)] = hit
-        return hit
+                    return True
+            if depth > 0:
+                callee = self.a.callee(call)
+                if callee is not None and not self.a.contains(callee, scope) and \
+                        self._gathers_experience(callee, depth - 1):
+                    return True
+        return False
 
     def update_loops(self, node: cst.CSTNode) -> list[Loop]:
         """Loops around ``node`` (innermost first) that run once per update: epoch/minibatch loops and loops

@@ -196,6 +196,19 @@ class OldLogpRecomputed(Rule):
               "            self.optimizer.zero_grad()\n",
               "an entry point the framework calls (no call in the module): no caller context to borrow",
               capability="C5", style="framework"),
+        Valid("def one_round(policy, optim, prompts, judge):\n"
+              "    with torch.no_grad():\n"
+              "        seqs = policy.generate(prompts, do_sample=True)\n"
+              "        behaviour_lp = policy(seqs).logits[:, :-1].log_softmax(-1)\n"
+              "    lp = policy(seqs).logits[:, :-1].log_softmax(-1)\n"
+              "    loss = -((lp - behaviour_lp).exp() * judge(seqs)[:, None, None]).mean()\n"
+              "    optim.zero_grad(); loss.backward(); optim.step()\n"
+              "\n"
+              "def fit(policy, optim, loader, judge):\n"
+              "    for prompts in loader:\n"
+              "        one_round(policy, optim, prompts, judge)\n",
+              "the helper the loop calls generates a fresh rollout itself: old log-probs are once per rollout",
+              capability="C5", style="functional"),
     ]
     INVALID = [
         Invalid("for epoch in range(ppo_epochs):\n"

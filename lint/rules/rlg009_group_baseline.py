@@ -243,6 +243,23 @@ class GroupBaseline(Rule):
               "        scores = torch.stack([self.score(prompt, i) for i in range(self.num_generations)])\n"
               "        return scores - scores.mean()\n",
               "a batch of exactly one group (built over range(num_generations))", capability="FP", style="class"),
+        # ----- C5: a whole-tensor helper that the caller applies to one group at a time -----
+        Valid("def standardise(x):\n"
+              "    return (x - x.mean()) / (x.std() + 1e-5)\n"
+              "def grpo_advantages(scores, n_gen):\n"
+              "    return torch.cat([standardise(chunk) for chunk in scores.split(n_gen)])\n",
+              "the caller maps the helper over the groups: the helper's whole mean is one group's",
+              capability="C5", style="functional"),
+        Valid("class Scorer:\n"
+              "    def _centre(self, rewards):\n"
+              "        return rewards - rewards.mean()\n"
+              "    def advantages(self, rewards):\n"
+              "        rows = rewards.view(-1, self.group_size)\n"
+              "        out = []\n"
+              "        for row in rows:\n"
+              "            out.append(self._centre(row))\n"
+              "        return torch.stack(out).flatten()\n",
+              "the helper runs once per row of the grouped view", capability="C5", style="class"),
     ]
     INVALID = [
         Invalid("def group_advantages(rewards, group_size, eps=1e-4):\n    advantages = rewards - rewards.mean()\n"
@@ -681,6 +698,8 @@ class _Groups:
             scope = ctx.enclosing_function(site)
             if scope is None or scope is func:
                 return False
+            if _in_loop(ctx, site):
+                return False  # applied piece by piece (`[whiten(g) for g in r.split(G)]`): its whole mean is a piece's
             names = [a.attr.value for a in ctx.index.descendants(scope, cst.Attribute)] + [
                 n.value for n in ctx.index.descendants(scope, cst.Name)]
             if not any(GROUP_NAME.fullmatch(n) or GROUP_STRUCTURE.fullmatch(n) for n in names):

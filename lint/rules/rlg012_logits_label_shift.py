@@ -144,6 +144,17 @@ class LogitsLabelShift(Rule):
               "lp = selective_log_softmax(lg, b['responses'])\n",
               why="the window is the prompt's width, not the labels': no convention applies, nothing is assumed",
               capability="C8", style="script"),
+        Valid("def chunked_logps(logits, targets, width=512):\n"
+              "    parts = []\n"
+              "    for i in range(0, logits.shape[1], width):\n"
+              "        z = logits[:, i:i + width].float().log_softmax(-1)\n"
+              "        parts.append(z.gather(-1, targets[:, i:i + width].unsqueeze(-1)).squeeze(-1))\n"
+              "    return torch.cat(parts, dim=1)\n"
+              "\n"
+              "def score(model, ids):\n"
+              "    return chunked_logps(model(ids).logits[:, :-1], ids[:, 1:])\n",
+              "the helper cuts the same running window from both: the caller already paired them",
+              capability="C7", style="functional"),
     ]
     INVALID = [
         Invalid("logits = model(ids).logits\n"
@@ -220,6 +231,17 @@ class LogitsLabelShift(Rule):
         Invalid("lg = policy(b['input_ids']).logits[:, -b['responses'].shape[1]:]\n"
                 "lp = selective_log_softmax(lg, b['responses'])\n", line=2,
                 why="the response width read inline: the same unshifted window", capability="C8", style="script"),
+        Invalid("def chunked_logps(logits, targets, width=512):\n"
+                "    parts = []\n"
+                "    for i in range(0, logits.shape[1], width):\n"
+                "        z = logits[:, i:i + width].float().log_softmax(-1)\n"
+                "        parts.append(z.gather(-1, targets[:, i:i + width].unsqueeze(-1)).squeeze(-1))\n"
+                "    return torch.cat(parts, dim=1)\n"
+                "\n"
+                "def score(model, ids):\n"
+                "    return chunked_logps(model(ids).logits, ids)\n", line=9,
+                why="the caller passes logits and ids unshifted into a chunking helper", capability="C4",
+                style="functional"),
     ]
 
     def check(self, ctx: Analysis) -> Iterator[Violation]:
@@ -263,6 +285,8 @@ def _judge(ctx: Analysis, site: GatherSite, frame: Frame | None) -> str | None:
     both_moved = logits.moved and labels.moved
     if not (same_sequence or both_moved or (frame is None and _shifts_its_labels(ctx, site, logits, labels))):
         return None
+    if both_moved and not same_sequence and not logits.s.is_const() and not labels.s.is_const():
+        return None  # one window at a running position cut from both (chunking): it keeps whatever pairing they had
     diff = labels.s - logits.s
     if not diff.is_const():
         diff = labels.e - logits.e

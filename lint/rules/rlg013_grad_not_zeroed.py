@@ -241,6 +241,23 @@ class GradNotZeroed(Rule):
               "        for batch in loader:\n"
               "            self._one_batch(batch)\n",
               "the intermediate helper zeroes before the stepping one", capability="C5", style="framework"),
+        Valid("class Learner:\n"
+              "    def __init__(self, pi, vf):\n"
+              "        self.pi_optim = torch.optim.Adam(pi.parameters())\n"
+              "        self.vf_optim = torch.optim.Adam(vf.parameters())\n"
+              "\n"
+              "    def _clear_grads(self):\n"
+              "        self.pi_optim.zero_grad()\n"
+              "        self.vf_optim.zero_grad()\n"
+              "\n"
+              "    def train(self, data):\n"
+              "        for d in data:\n"
+              "            self._clear_grads()\n"
+              "            self.objective(d).backward()\n"
+              "            self.pi_optim.step()\n"
+              "            self.vf_optim.step()\n",
+              "a method zeroes both optimizers built in __init__: its effect names the same objects the steps use",
+              capability="C1", style="class"),
     ]
     INVALID = [
         Invalid("for batch in loader:\n"
