@@ -228,14 +228,28 @@ class Analysis:
                 for c in self.index.nodes(cst.ClassDef))
         return hit
 
+    def _constructed_keys(self) -> frozenset[str]:
+        """Keys (``m``, ``self.m``) some assignment of the module binds to a call of one of the module's classes."""
+        hit = self.cache.get("constructed_keys")
+        if hit is None:
+            keys = set()
+            for stmt in self.nodes(cst.Assign, cst.AnnAssign):
+                value = stmt.value
+                if isinstance(value, cst.Call) and isinstance(value.func, cst.Name) and \
+                        value.func.value in self.index.classes:
+                    targets = [t.target for t in stmt.targets] if isinstance(stmt, cst.Assign) else [stmt.target]
+                    keys.update(k for k in map(key_of, targets) if k is not None)
+            hit = self.cache["constructed_keys"] = frozenset(keys)
+        return hit
+
     def _call_method(self, cls: cst.ClassDef) -> cst.FunctionDef | None:
         return self.method_of(cls, "forward") or self.method_of(cls, "__call__")
 
     def instance_class(self, expr: cst.BaseExpression) -> cst.ClassDef | None:
         """The same-module class ``expr`` is an instance of, when every binding of it constructs that class."""
         key = key_of(expr)
-        if key is None:
-            return None
+        if key is None or key not in self._constructed_keys():
+            return None  # nothing in the module binds it to a call of one of its classes: no reaching def can be
         defs = self.flow.reaching(key, expr)
         classes = set()
         for d in defs:

@@ -60,7 +60,6 @@ def record_entries(a: "Analysis") -> list[RecordEntry]:
     def build(an: "Analysis") -> list[RecordEntry]:
         out: list[RecordEntry] = []
         for node in an.nodes(cst.Assign, cst.Return, cst.Call):
-            func = an.enclosing_function(node)
             if isinstance(node, cst.Assign):
                 if len(node.targets) != 1:
                     continue
@@ -69,19 +68,20 @@ def record_entries(a: "Analysis") -> list[RecordEntry]:
                 if entries is not None:
                     record = key_of(target)
                     if record is not None:
-                        out.extend(RecordEntry(func, record, k, v, n) for k, v, n in entries)
+                        out.extend(RecordEntry(an.enclosing_function(node), record, k, v, n) for k, v, n in entries)
                     continue
                 if isinstance(target, cst.Subscript) and len(target.slice) == 1 and isinstance(
                         target.slice[0].slice, cst.Index):
                     entry = string_key(target.slice[0])
                     record = key_of(target.value)
                     if entry is not None and record is not None:
-                        out.append(RecordEntry(func, record, entry, node.value, node))
+                        out.append(RecordEntry(an.enclosing_function(node), record, entry, node.value, node))
             elif isinstance(node, cst.Return):
                 entries = _dict_entries(node.value) if node.value is not None else None
                 if entries:
-                    out.extend(RecordEntry(func, "<return>", k, v, n) for k, v, n in entries)
+                    out.extend(RecordEntry(an.enclosing_function(node), "<return>", k, v, n) for k, v, n in entries)
             elif isinstance(node.func, cst.Attribute) and node.func.attr.value == "update":
+                func = an.enclosing_function(node)
                 record = key_of(node.func.value)
                 if record is None:
                     continue

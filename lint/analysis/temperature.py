@@ -87,11 +87,9 @@ def is_sampling_call(call: cst.Call) -> bool:
 
 def _direct(a: "Analysis", scope: cst.CSTNode) -> tuple[bool, list[cst.Call]]:
     """(scope applies a temperature by itself, the calls in it)."""
-    index = a.index
+    types = (cst.BinaryOperation, cst.AugAssign, cst.Call)
     calls = []
-    for node in a.nodes(cst.BinaryOperation, cst.AugAssign, cst.Call):
-        if scope is not a.module and not index.contains(scope, node):
-            continue
+    for node in (a.nodes(*types) if scope is a.module else a.index.descendants(scope, *types)):
         if isinstance(node, cst.BinaryOperation):
             if isinstance(node.operator, cst.Divide) and temperature_expr(node.right):
                 return True, calls

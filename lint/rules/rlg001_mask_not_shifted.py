@@ -11,7 +11,7 @@ from rlguard.lint.analysis import Analysis, dotted_name
 from rlguard.lint.analysis import semantics as S
 from rlguard.lint.analysis.alignment import (ATTENTION_NAME, LIKE_FUNCTIONS, OWNER_NAME, ROOT_IDS, ROOT_LOGITS,
                                              ROOT_TOKEN, ROOT_UNKNOWN, Align,
-                                             alignment, gather_site, token_values)
+                                             alignment, gather_site, gather_sites, token_values)
 from rlguard.lint.analysis.grad import call_sites
 from rlguard.lint.analysis.index import key_of, children
 from rlguard.lint.analysis.records import records_by_function
@@ -507,6 +507,8 @@ def _co_arguments(ctx: Analysis, call: cst.Call):
     if qname.split(".", 1)[0] in ("torch", "F", "np", "numpy", "math", "einops", "einx") or \
             qname in ("print", "len", "zip", "dict", "list", "tuple", "isinstance", "getattr", "setattr"):
         return
+    if not _log_probs_made_near(ctx, call):
+        return  # nothing in the caller computes log-probs: no argument can be log-probs computed in view
     args = [arg.value for arg in call.args if not arg.star]
     masks = [v for v in args if _is_mask(ctx, v)]
     if len(masks) != 1:
@@ -516,6 +518,35 @@ def _co_arguments(ctx: Analysis, call: cst.Call):
         # (a record built of two lists cut the same way) say nothing about each other's layout
         if value is not masks[0] and any(computed for _, computed in token_values(ctx).value(value)):
             yield call, value, masks[0]
+
+
+LOGP_HELPER = re.compile(r"(?i)\w*(log_?probs?|logps?|log_softmax|logprobs_from_logits)\w*")
+
+
+def _log_probs_made_near(ctx: Analysis, call: cst.Call) -> bool:
+    """A cheap superset of "an argument is log-probs computed in view": the function around ``call`` (the module
+    at top level) holds a gather, calls a same-module function that does, or calls a log-prob helper by name."""
+    scope = ctx.enclosing_function(call)
+    cache = ctx.cache.setdefault("rlg001_logp_scopes", {})
+    key = id(scope) if scope is not None else 0
+    hit = cache.get(key)
+    if hit is None:
+        with_gather = ctx.cache.get("rlg001_gather_functions")
+        if with_gather is None:
+            with_gather = ctx.cache["rlg001_gather_functions"] = {
+                id(ctx.enclosing_function(site.node)) for site in gather_sites(ctx)}
+        if scope is None:
+            hit = bool(gather_sites(ctx))
+        else:
+            hit = id(scope) in with_gather
+            for inner in ([] if hit else ctx.index.descendants(scope, cst.Call)):
+                callee = ctx.callee(inner)
+                if (callee is not None and id(callee) in with_gather) or \
+                        LOGP_HELPER.fullmatch(S.called_name(inner) or ""):
+                    hit = True
+                    break
+        cache[key] = hit
+    return hit
 
 
 def _judge(ctx: Analysis, values, mask, frame: Frame | None, producers: set[int]) -> str | None:

@@ -919,6 +919,15 @@ def _loss_sites(ctx: Analysis, samplers: set[int]):
                 yield call, arg.value, divisor
 
 
+def _inplace_divisions(ctx: Analysis) -> list[cst.Call]:
+    """The module's ``x.div_(t)`` calls (listed once: ``_divisor`` asks at every name it follows)."""
+    hit = ctx.cache.get("rlg007_inplace_divisions")
+    if hit is None:
+        hit = ctx.cache["rlg007_inplace_divisions"] = [
+            c for c in ctx.nodes(cst.Call) if isinstance(c.func, cst.Attribute) and c.func.attr.value == "div_"]
+    return hit
+
+
 def _divisor(ctx: Analysis, expr: cst.BaseExpression, site: cst.CSTNode, depth: int = 10):
     """Follow logits back to the model call: (reached a model call?, the temperature it was divided by)."""
     divisor = None
@@ -953,9 +962,9 @@ def _divisor(ctx: Analysis, expr: cst.BaseExpression, site: cst.CSTNode, depth: 
             for a in assigns:  # logits /= t or logits.div_(t) before the site
                 if a.kind == "aug" and isinstance(a.op, cst.DivideAssign) and isinstance(a.stmt, cst.AugAssign):
                     divisor = divisor or a.stmt.value
-            for call in ctx.nodes(cst.Call):
+            for call in _inplace_divisions(ctx):
                 f = call.func
-                if isinstance(f, cst.Attribute) and f.attr.value == "div_" and dotted_name(f.value) == name \
+                if dotted_name(f.value) == name \
                         and call.args and ctx.index.function_scope(call) is ctx.index.function_scope(expr):
                     divisor = divisor or call.args[0].value
             plain = [a for a in _plain_reaching(ctx, name, expr)] if name else []
@@ -1238,7 +1247,7 @@ def _misplaced(ctx: Analysis, samplers: set[int], reported: set[int]):
 
 def _reads(ctx: Analysis, func: cst.FunctionDef, name: str) -> bool:
     """Does ``func``'s body read ``name`` at all (a parameter it could apply in any way)?"""
-    return any(n.value == name and ctx.contains(func.body, n) for n in ctx.nodes(cst.Name))
+    return any(n.value == name and ctx.contains(func.body, n) for n in ctx.index.descendants(func, cst.Name))
 
 
 def _fallback_param(ctx: Analysis, expr: cst.BaseExpression) -> str | None:
