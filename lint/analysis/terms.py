@@ -9,12 +9,14 @@ comparison.
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING
 
 import libcst as cst
 
 from rlguard.lint.analysis import semantics as S
 from rlguard.lint.analysis.index import key_of
+from rlguard.lint.analysis.infoforms import forms
 from rlguard.lint.analysis.provenance import FORWARD, provenance
 from rlguard.lint.analysis.signs import factors, signs
 from rlguard.lint.analysis.values import Frame
@@ -23,6 +25,10 @@ if TYPE_CHECKING:
     from rlguard.lint.analysis import Analysis
 
 DEPTH = 10
+# A reduction under a mask named for what it reduces (``masked_entropy``, ``masked_kl_div``), not a mask itself.
+_MASKED_REDUCTION = re.compile(r"(?i)masked_(?!mask)\w+")
+# A coefficient named for the term it scales (``kl_div_loss_weight``, ``entropy_scale``, ``kl_beta``).
+_COEFFICIENT = re.compile(r"(?i)\w+_(coef|coeff|coefficient|weight|scale|factor|beta|lambda|lam)")
 
 
 class Quantities:
@@ -48,8 +54,17 @@ class Quantities:
 
     def _excluded(self, name: str | None) -> bool:
         vocab = self.a.names
+        if name is not None and _MASKED_REDUCTION.fullmatch(name):
+            return False  # masked_entropy(p, mask=m), masked_kl_div(p, q, m): a masked reduction, not a mask
+        if name is not None and _COEFFICIENT.fullmatch(name):
+            return True  # kl_div_loss_weight, entropy_scale: the coefficient of the term, not the term
         return name is None or vocab.is_role(name, "mask") or vocab.is_role(name, "entropy_coef") or \
             vocab.is_role(name, "kl_coef") or "coef" in name.lower() or "mask" in name.lower()
+
+    def _info_form(self, kind: str, expr) -> int | None:
+        """The sign of an entropy or KL written out over a whole distribution (``(p * log(p)).sum(-1)``)."""
+        found = forms(self.a).form(expr)
+        return found.sign if found is not None and found.kind == kind else None
 
     def _memoised(self, kind: str, expr, frame, depth, compute) -> int | None:
         key = (kind, id(expr), id(frame))
@@ -137,6 +152,9 @@ class Quantities:
         name = self._name(expr)
         if name is not None and self._excluded(name):
             return None
+        written_out = self._info_form("entropy", expr)
+        if written_out is not None:
+            return written_out
         if isinstance(expr, cst.Call):
             func = self.a.callee(expr)
             if func is None and self._entropy_call(expr):
@@ -205,6 +223,9 @@ class Quantities:
             return None
         if isinstance(expr, cst.Comparison):
             return None
+        written_out = self._info_form("kl", expr)
+        if written_out is not None:
+            return written_out
         difference = self._log_ratio(expr, frame, depth)
         if difference is not None:
             return difference

@@ -7,6 +7,7 @@ from typing import Iterator
 import libcst as cst
 
 from rlguard.lint.analysis import Analysis
+from rlguard.lint.analysis.infoforms import negated_origin
 from rlguard.lint.analysis.losses import flip, losses, sink_name
 from rlguard.lint.analysis.signs import factors, signs
 from rlguard.lint.analysis.terms import quantities
@@ -101,10 +102,13 @@ class EntropyBonusSign(Rule):
     def check(self, ctx: Analysis) -> Iterator[Violation]:
         yield from judge_terms(ctx, "entropy", want=-1, message=(
             "entropy is added to a minimised loss, so it is penalised, not rewarded; subtract the entropy "
-            "bonus (loss - c * entropy)"))
+            "bonus (loss - c * entropy)"), helper_message=(
+            "this computes sum(p * log p), minus the entropy, and the loss subtracts it as an entropy bonus, so "
+            "entropy is penalised; negate it: -(p * log p).sum(-1)"))
 
 
-def judge_terms(ctx: Analysis, kind: str, want: int, message: str) -> Iterator[Violation]:
+def judge_terms(ctx: Analysis, kind: str, want: int, message: str,
+                helper_message: str | None = None) -> Iterator[Violation]:
     """Every term of a minimised loss that is ``kind`` (an entropy, a KL estimate) entering with the sign opposite
     to ``want``, reported once where it joins a sum, with the sign flip as the fix where it is unambiguous."""
     quantity = quantities(ctx)
@@ -128,6 +132,14 @@ def judge_terms(ctx: Analysis, kind: str, want: int, message: str) -> Iterator[V
                 continue
             net = term.sign * sign * found[0][1]
             if net == want:
+                continue
+            origin = negated_origin(ctx, kind, found[0][0], term.frame)
+            if origin is not None:
+                # a helper presents the negated quantity as the quantity, and its caller trusts it: the helper is
+                # where the sign goes wrong (an effect summary from its code, not its name)
+                if id(origin) not in reported:
+                    reported.add(id(origin))
+                    yield Violation(origin, helper_message or message)
                 continue
             stmt, value, operand = loss.joining(sink, term)
             if id(operand) in reported:

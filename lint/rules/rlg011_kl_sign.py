@@ -137,7 +137,9 @@ class KlSign(Rule):
     def check(self, ctx: Analysis) -> Iterator[Violation]:
         yield from judge_terms(ctx, "kl", want=1, message=(
             "the KL penalty is subtracted from a minimised loss, so the update moves away from the reference; "
-            "add it: loss = pg_loss + kl_coef * kl"))
+            "add it: loss = pg_loss + kl_coef * kl"), helper_message=(
+            "this computes p * (log q - log p), minus KL(p || q), and the loss adds it as a KL penalty, so the "
+            "update is paid to diverge; swap the logs: p * (log p - log q)"))
         yield from _reward_terms(ctx)
 
 
