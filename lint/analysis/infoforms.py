@@ -106,10 +106,14 @@ class Forms:
                 return S.int_value(S.argument(call, 1, "dim")) == -1
         return False
 
-    def _log_difference(self, expr: cst.BaseExpression):
-        """``log x - log y`` (each possibly negated), or ``log(x / y)``: two (sign, argument) pairs, else None."""
+    def _log_difference(self, expr: cst.BaseExpression, depth: int = 3):
+        """``log x - log y`` (each possibly negated), or ``log(x / y)``: two (sign, argument) pairs, else None.
+        A name is followed to its one definition (``d = log(q) - log(p); (p * d).sum(-1)``)."""
         while isinstance(expr, cst.Call) and self.a.method(expr) in _WRAPPERS:
             expr = S.receiver(expr)
+        single = self._single_value(expr) if depth > 0 else None
+        if single is not None:
+            return self._log_difference(single, depth - 1)
         if isinstance(expr, cst.BinaryOperation) and isinstance(expr.operator, (cst.Subtract, cst.Add)):
             left, right = self._log_of(expr.left), self._log_of(expr.right)
             if left is None or right is None:
@@ -131,8 +135,22 @@ class Forms:
             return None  # log(p / q): a difference, not a log of one value
         return _unwrap(self.a, inner)
 
+    def _single_value(self, expr: cst.BaseExpression) -> cst.BaseExpression | None:
+        """The value of a name with exactly one reaching definition, a plain assignment (else None: unknown)."""
+        key = key_of(expr)
+        if key is None:
+            return None
+        defs = self.a.flow.reaching(key, expr)
+        if len(defs) == 1 and defs[0].kind == "assign" and defs[0].element is None and defs[0].value is not None \
+                and defs[0].key == key:
+            return defs[0].value
+        return None
+
     def _log_argument(self, expr: cst.BaseExpression, depth: int = 3):
         a = self.a
+        single = self._single_value(expr) if depth > 0 else None
+        if single is not None:
+            return self._log_argument(single, depth - 1)
         if not isinstance(expr, cst.Call):
             return None
         name = a.call_name(expr)
@@ -179,7 +197,9 @@ class Forms:
             return False
         dp = {id(d) for d in self.a.flow.reaching(kp, p)}
         dx = {id(d) for d in self.a.flow.reaching(kx, x)}
-        return bool(dp) and dp == dx
+        if not dp:  # defined out of view (a global of a script): the same name read in the same scope
+            return not dx and self.a.index.function_scope(p).node is self.a.index.function_scope(x).node
+        return dp == dx
 
     def _softmax_of(self, p, depth: int = 3) -> str | None:
         a = self.a
@@ -199,8 +219,14 @@ class Forms:
 
 
 def _unwrap(a: "Analysis", expr: cst.BaseExpression) -> cst.BaseExpression:
-    while isinstance(expr, cst.Call) and a.method(expr) in _WRAPPERS and S.receiver(expr) is not None:
-        expr = S.receiver(expr)
+    while True:
+        if isinstance(expr, cst.Call) and a.method(expr) in _WRAPPERS and S.receiver(expr) is not None:
+            expr = S.receiver(expr)
+        elif isinstance(expr, cst.BinaryOperation) and isinstance(expr.operator, cst.Add) and (
+                (S.number_value(expr.right) or 0) > 0):
+            expr = expr.left  # log(p + 1e-9): an epsilon for numerical safety
+        else:
+            break
     if isinstance(expr, cst.Call) and a.call_name(expr) in ("torch.clamp", "torch.clip") and expr.args:
         return _unwrap(a, expr.args[0].value)
     return expr

@@ -100,8 +100,31 @@ class Quantities:
                 found.add(self.sign(kind, bound[0], bound[1], depth - 1))
             elif d.kind == "assign" and d.element is None and d.value is not None and d.key == key:
                 found.add(self.sign(kind, d.value, frame, depth - 1))
+            elif d.kind == "assign" and d.element is not None and isinstance(d.value, cst.Call) and d.key == key:
+                found.add(self._returned_element(kind, d.value, d.element, frame, depth))
             else:
                 return None
+        return found.pop() if len(found) == 1 else None
+
+    def _returned_element(self, kind: str, call: cst.Call, element: int, frame, depth) -> int | None:
+        """``h, stats = helper(p)``: the sign of the quantity in element ``element`` of every tuple the
+        same-module helper returns (its parameters bound to the call's arguments); None when a return is not a
+        tuple of that length or the helper is out of view."""
+        func = self.a.callee(call)
+        if func is None:
+            return None
+        inner = self.signs._frame(func, call, frame)
+        if inner is None:
+            return None
+        found = set()
+        for ret in self.a.index.scopes[id(func)].returns:
+            if ret.value is None or self.a.index.function_scope(ret).node is not func:
+                continue
+            value = ret.value
+            if not isinstance(value, cst.Tuple) or element >= len(value.elements) or any(
+                    isinstance(el, cst.StarredElement) for el in value.elements):
+                return None
+            found.add(self.sign(kind, value.elements[element].value, inner, depth - 1))
         return found.pop() if len(found) == 1 else None
 
     def _visible(self, expr, frame) -> bool:

@@ -48,7 +48,8 @@ class EntropyBonusSign(Rule):
     """
 
     code = "RLG004"
-    triggers = r"(?i)entrop|\bent\b"
+    # an entropy by name, or one written out over a distribution (it needs a log: `(p * p.log()).sum(-1)`)
+    triggers = r"(?i)entrop|\bent\b|log\(|log_softmax"
     fixable = True
 
     VALID = [
@@ -63,25 +64,73 @@ class EntropyBonusSign(Rule):
         Valid("loss = pg_loss + vf_coef * value_loss - ent_coef * entropy_bonus\n", "three terms, right sign"),
         Valid("loss = -(surrogate + ent_coef * entropy).mean()\n", "the whole objective is negated"),
         Valid("loss = F.cross_entropy(logits.view(-1, V), labels.view(-1)) + aux_loss\n",
-              "cross-entropy against labels is not the policy's entropy"),
+              "cross-entropy against labels is not the policy's entropy", capability="C2", style="script"),
         Valid("entropy_loss = entropy.mean()\nloss = pg_loss - ent_coef * entropy_loss\nloss.backward()\n",
               "a positive entropy component, subtracted where it joins the loss"),
         Valid("high = entropies >= torch.quantile(entropies[mask.bool()], q)\n"
               "per_token_loss = -torch.min(ratio * adv, ratio.clamp(0.8, 1.2) * adv)\n"
               "per_token_loss = per_token_loss * high_entropy_mask\n"
               "loss = (per_token_loss * mask).sum() / mask.sum()\n",
-              "a 0/1 selection of high-entropy tokens multiplies the loss: a mask, never a bonus"),
+              "a 0/1 selection of high-entropy tokens multiplies the loss: a mask, never a bonus",
+              capability="FP", style="functional"),
         Valid("status = {'act_loss': logs['policy_loss']}\n"
               "status['ent_loss'] = logs['entropy_loss']\n"
               "bar.set_postfix(status)\n",
-              "a progress-bar entry named like a loss: nothing minimises it"),
+              "a progress-bar entry named like a loss: nothing minimises it", capability="FP", style="framework"),
         Valid("loss = pg_loss - coef * entropy.mean()\n"
               "log['loss_with_bonus'] = (pg_loss + coef * entropy.mean()).item()\n",
-              "the sum with a plus sign is only logged"),
+              "the sum with a plus sign is only logged", capability="FP", style="framework"),
         Valid("def loss_fn(logits, mask, adv, ratio):\n"
               "    h = entropy_from_logits(logits)\n"
               "    return -(ratio * adv * mask).sum() / mask.sum() - 0.01 * (h * mask).sum() / mask.sum()\n",
               "a loss function returning the bonus subtracted"),
+        # a helper's entropy sign comes from its code (an effect summary), whatever it is called
+        Valid("def neg_entropy(p):\n"
+              "    return (p * torch.log(p)).sum(-1)\n\n"
+              "def pg_objective(lp, adv, p):\n"
+              "    loss = -(lp * adv).mean() + 0.01 * neg_entropy(p).mean()\n"
+              "    return loss\n",
+              "the helper returns minus the entropy and the loss adds it: a bonus", capability="C1",
+              style="functional"),
+        Valid("class Learner:\n"
+              "    def spread(self, probs):\n"
+              "        return -(probs * probs.clamp(min=1e-8).log()).sum(dim=-1)\n\n"
+              "    def step(self, probs, pg_loss):\n"
+              "        ent = self.spread(probs)\n"
+              "        loss = pg_loss - self.ent_coef * ent.mean()\n"
+              "        loss.backward()\n",
+              "a method that writes out the entropy, subtracted by its caller", capability="C1", style="class"),
+        Valid("def token_entropy(p):\n"
+              "    return (p * ext.safe_log(p)).sum(-1)\n\n"
+              "def pg_objective(lp, adv, p):\n"
+              "    loss = -(lp * adv).mean() - 0.01 * token_entropy(p).mean()\n"
+              "    return loss\n",
+              "the log is a call the linter cannot read: the helper's sign is unknown, so nothing is said",
+              capability="C1", style="functional"),
+        Valid("def ent_and_stats(p):\n"
+              "    e = -(p * torch.log(p + 1e-9)).sum(-1)\n"
+              "    return e, {'entropy': e.mean().item()}\n\n"
+              "def compute_loss(batch, cfg):\n"
+              "    ent, stats = ent_and_stats(batch['probs'])\n"
+              "    loss = batch['pg'] - cfg.ent_coef * ent.mean()\n"
+              "    return loss\n",
+              "the first element of the helper's tuple is the entropy, subtracted", capability="C1",
+              style="framework"),
+        Valid("h = entropy_from_logits(z)\nh = masked_mean(h, m)\nloss = pg - 0.01 * h\nloss.backward()\n",
+              "a rebinding h = f(h) reads the entropy above it", capability="C1", style="script"),
+        # roles from the formula, not the name
+        Valid("entropy = (p * torch.log(p)).sum(-1)\nloss = pg + 0.01 * entropy.mean()\nloss.backward()\n",
+              "named entropy, but it is sum(p log p), minus the entropy: adding it is the bonus", capability="C2",
+              style="script"),
+        Valid("q = z.softmax(-1)\nh = -(q * q.log()).sum(-1)\nl = pg - 0.01 * h.mean()\nl.backward()\n",
+              "an entropy with no telling name, subtracted", capability="C2", style="script"),
+        Valid("loss = pg_loss + entropy_weight * aux_loss\nloss.backward()\n",
+              "a coefficient named for the entropy scales another loss", capability="C2", style="functional"),
+        Valid("def loss_fn(teacher, student_logits, ce):\n"
+              "    entropy = -(teacher * student_logits.log_softmax(-1)).sum(-1)\n"
+              "    return ce + 0.1 * entropy.mean()\n",
+              "two different distributions: a cross-entropy to a teacher, not the policy's entropy",
+              capability="C2", style="functional"),
     ]
     INVALID = [
         Invalid("loss = pg_loss + ent_coef * entropy.mean()\n", line=1,
@@ -91,12 +140,52 @@ class EntropyBonusSign(Rule):
         Invalid("loss += 0.01 * entropy\n", line=1, fixed="loss -= 0.01 * entropy\n"),
         Invalid("total_loss = pg_loss + vf_coef * vf_loss + self.entropy_coef * ent.mean()\n", line=1),
         Invalid("ent = dist.entropy()\nout = pg + c * ent\nout.backward()\n", line=2,
-                why="not named like a loss, but it is .backward()-ed"),
+                why="not named like a loss, but it is .backward()-ed", capability="C2", style="script"),
         Invalid("loss = pg_loss - ent_coef * (-entropy)\n", line=1, why="double negation is a penalty"),
         Invalid("h = entropy_from_logits(logits)\nloss = pg_loss + beta_ent * h.mean()\n", line=2,
                 why="entropy through an alias"),
         Invalid("entropy_loss = entropy.mean()\nloss = pg_loss + args.ent_coef * entropy_loss\nloss.backward()\n",
                 line=2, why="CleanRL spelling with the sign flipped: reported where the component joins the loss"),
+        Invalid("def token_entropy(p):\n"
+                "    return (p * torch.log(p)).sum(-1)\n\n"
+                "def pg_objective(lp, adv, p):\n"
+                "    loss = -(lp * adv).mean() - 0.01 * token_entropy(p).mean()\n"
+                "    return loss\n", line=2,
+                why="the helper returns sum(p log p), minus the entropy, and the loss subtracts it: reported in the "
+                    "helper", capability="C1", style="functional"),
+        Invalid("class Learner:\n"
+                "    def spread(self, probs):\n"
+                "        return (probs * probs.clamp(min=1e-8).log()).sum(dim=-1)\n\n"
+                "    def step(self, probs, pg_loss):\n"
+                "        ent = self.spread(probs)\n"
+                "        loss = pg_loss - self.ent_coef * ent.mean()\n"
+                "        loss.backward()\n", line=3,
+                why="a method returning minus the entropy, trusted as the entropy by its caller", capability="C1",
+                style="class"),
+        Invalid("def ent_and_stats(p):\n"
+                "    e = (p * torch.log(p + 1e-9)).sum(-1)\n"
+                "    return e, {'entropy': e.mean().item()}\n\n"
+                "def compute_loss(batch, cfg):\n"
+                "    ent, stats = ent_and_stats(batch['probs'])\n"
+                "    loss = batch['pg'] - cfg.ent_coef * ent.mean()\n"
+                "    return loss\n", line=7,
+                why="a tuple return unpacked: its first element is minus the entropy", capability="C1",
+                style="framework"),
+        Invalid("h = entropy_from_logits(z)\nh = masked_mean(h, m)\nloss = pg + 0.01 * h\nloss.backward()\n",
+                line=3, why="h = f(h) keeps the entropy, which is then added", capability="C1", style="script"),
+        Invalid("q = z.softmax(-1)\nh = -(q * q.log()).sum(-1)\nl = pg + 0.01 * h.mean()\nl.backward()\n", line=3,
+                why="an entropy known by its formula, not its name", capability="C2", style="script"),
+        Invalid("def objective(z, adv, lp):\n"
+                "    pr = torch.softmax(z, -1)\n"
+                "    spread = -(pr * torch.log_softmax(z, -1)).sum(-1)\n"
+                "    return -(lp * adv).mean() + 0.01 * spread.mean()\n", line=4,
+                why="softmax and log_softmax of the same logits: an entropy, added", capability="C2",
+                style="functional"),
+        Invalid("def loss_fn(out, cfg):\n"
+                "    pr = out['probs']\n"
+                "    out['spread'] = -(pr * torch.log(pr + 1e-9)).sum(-1)\n"
+                "    return out['pg'] + cfg.coef * out['spread'].mean()\n", line=4,
+                why="an entropy stored under a dict key with no telling name", capability="C2", style="framework"),
     ]
 
     def check(self, ctx: Analysis) -> Iterator[Violation]:

@@ -99,7 +99,29 @@ class AdvantageSign(Rule):
               "TRL GRPO: the positive per_token_loss1/2 only feed the min"),
         Valid("advantages = returns - values\nadvantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)\n",
               "PPO advantages and whitening"),
-        Valid("neg_adv = -advantages\nloss = (ratio * neg_adv).mean()\n", "negated once, undone once"),
+        Valid("neg_adv = -advantages\nloss = (ratio * neg_adv).mean()\n", "negated once, undone once",
+              capability="C1", style="script"),
+        Valid("def policy_loss(batch, cfg):\n"
+              "    adv = batch['advantages']\n"
+              "    ratio = torch.exp(batch['logp'] - batch['old_logp'])\n"
+              "    clipped = torch.max(-ratio * adv, -ratio.clamp(1 - cfg.eps, 1 + cfg.eps) * adv)\n"
+              "    bounded = torch.min(clipped, -cfg.dual_clip * adv)\n"
+              "    per_token = torch.where(adv < 0, bounded, clipped)\n"
+              "    return (per_token * batch['mask']).sum() / batch['mask'].sum()\n",
+              "dual clip selected where the advantage is negative", capability="FP", style="framework"),
+        Valid("class PPO:\n"
+              "    def loss(self, logp, old_logp, advantages):\n"
+              "        ratio = (logp - old_logp).exp()\n"
+              "        obj = torch.min(ratio * advantages, ratio.clamp(0.8, 1.2) * advantages)\n"
+              "        lower = torch.max(obj, self.clip_c * advantages)\n"
+              "        return -torch.where(advantages < 0, lower, obj).mean()\n",
+              "dual clip on the objective, applied to negative advantages only", capability="FP", style="class"),
+        Valid("r = (lp - lp_old).exp()\n"
+              "pl = torch.max(-r * adv, -r.clamp(0.8, 1.28) * adv)\n"
+              "neg = (adv < 0).float()\n"
+              "pl = neg * torch.min(pl, -3.0 * adv) + (1 - neg) * pl\n"
+              "pl.mean().backward()\n",
+              "dual clip blended by a mask of the negative advantages", capability="FP", style="script"),
         Valid("class T:\n    def loss(self, ratio):\n        surr1 = ratio * self.adv\n"
               "        surr2 = ratio.clamp(0.8, 1.2) * self.adv\n"
               "        return -torch.min(surr1, surr2).mean()\n", "names, self attributes, returned"),
@@ -119,11 +141,32 @@ class AdvantageSign(Rule):
                 "pg_loss = torch.min(surr1, surr2).mean()\n", line=3, why="min of negated surrogates"),
         Invalid("class PPO:\n    def update(self, logp):\n        ratio = (logp - self.old_logp).exp()\n"
                 "        obj = ratio * self.advantages\n        self.optimizer.zero_grad()\n"
-                "        obj.mean().backward()\n", line=4, why="not named like a loss, but backward-ed"),
+                "        obj.mean().backward()\n", line=4, why="not named like a loss, but backward-ed",
+                capability="C2", style="class"),
         Invalid("advantages = values - returns\n", line=1, why="values minus returns"),
         Invalid("def reinforce_loss(log_probs, returns):\n    return (log_probs * returns).sum()\n"
                 "loss = reinforce_loss(lp, G_t)\nloss.backward()\n", line=3, why="through a helper"),
         Invalid("advantages *= -1\n", line=1, why="in-place negation"),
+        Invalid("def policy_loss(batch, cfg):\n"
+                "    adv = batch['advantages']\n"
+                "    ratio = torch.exp(batch['logp'] - batch['old_logp'])\n"
+                "    clipped = torch.max(-ratio * adv, -ratio.clamp(1 - cfg.eps, 1 + cfg.eps) * adv)\n"
+                "    bounded = torch.min(clipped, -cfg.dual_clip * adv)\n"
+                "    return (bounded * batch['mask']).sum() / batch['mask'].sum()\n", line=5,
+                why="dual clip on every token: positive-advantage tokens get the constant -c * A", capability="C9",
+                style="framework"),
+        Invalid("class PPO:\n"
+                "    def loss(self, logp, old_logp, advantages):\n"
+                "        ratio = (logp - old_logp).exp()\n"
+                "        obj = torch.min(ratio * advantages, ratio.clamp(0.8, 1.2) * advantages)\n"
+                "        obj = torch.max(obj, self.clip_c * advantages)\n"
+                "        return -obj.mean()\n", line=5,
+                why="the objective form: max with c * A on every token", capability="C9", style="class"),
+        Invalid("r = (lp - lp_old).exp()\n"
+                "pl = torch.max(-r * adv, -r.clamp(0.8, 1.28) * adv)\n"
+                "pl = torch.min(pl, -3.0 * adv)\n"
+                "pl.mean().backward()\n", line=3, why="a literal dual-clip constant, no selection",
+                capability="C9", style="script"),
     ]
 
     def check(self, ctx: Analysis) -> Iterator[Violation]:
@@ -143,6 +186,9 @@ class AdvantageSign(Rule):
                 yield Violation(call, f"PPO clip takes the {form}: that is the optimistic bound, which removes the "
                                       "trust region; use -torch.min(ratio * A, clipped * A) or "
                                       "torch.max(-ratio * A, -clipped * A)")
+
+        # 1b. dual clip applied to every token: its constant bound -c * A is meant for A < 0 only
+        yield from _unguarded_dual_clips(ctx, judge)
 
         # 2. advantages negated
         negations = [stmt for stmt in _advantage_assignments(ctx) if judge.negates(stmt)]
@@ -341,3 +387,76 @@ def _source_sign(ctx: Analysis, expr: cst.BaseExpression, depth: int) -> int | N
 
 def _weighted(sign: int, inner: int | None) -> int | None:
     return None if inner is None else sign * inner
+
+
+def _dual_clip_bound(ctx: Analysis, judge: "_Surrogates", expr, frame=None) -> int | None:
+    """The sign of ``c * A`` (a scalar bound times the advantages, no ratio): dual clip's constant bound. A name is
+    followed to its one plain assignment (``pg_losses3 = -c * A``)."""
+    for _ in range(3):
+        key = key_of(expr)
+        defs = ctx.flow.reaching(key, expr) if key is not None else []
+        if len(defs) != 1 or defs[0].kind != "assign" or defs[0].element is not None or defs[0].value is None:
+            break
+        expr = defs[0].value
+    sign, facs = factors(expr)
+    weights = [judge.weight_sign(f, frame) for f in facs]
+    if sum(w is not None for w in weights) != 1 or len(facs) < 2:
+        return None
+    for f, w in zip(facs, weights):
+        if w is not None:
+            continue
+        if judge.is_ratio(f, frame) or not (S.number_value(f) is not None or key_of(f) is not None):
+            return None  # a ratio or a tensor computation: a surrogate, not a constant bound
+        scale = judge.signs.scale(f, frame)
+        if scale == -1:
+            sign = -sign
+    return sign * next(w for w in weights if w is not None)
+
+
+def _compares_advantages(ctx: Analysis, judge: "_Surrogates", func) -> bool:
+    """Whether the function tests the sign of the advantages anywhere (``A < 0``, ``torch.where(adv > 0, ...)``,
+    ``adv.lt(0)``): the dual-clip bound is then selected per token."""
+    nodes = ctx.index.descendants(func, cst.Comparison) if func is not None else ctx.nodes(cst.Comparison)
+    for comp in nodes:
+        sides = [comp.left] + [c.comparator for c in comp.comparisons]
+        if any(judge.weight_sign(side) is not None for side in sides) and any(
+                S.number_value(side) == 0 for side in sides):
+            return True
+    calls = ctx.index.descendants(func, cst.Call) if func is not None else ctx.nodes(cst.Call)
+    for call in calls:
+        if ctx.method(call) in ("lt", "gt", "le", "ge", "sign") and judge.weight_sign(S.receiver(call)) is not None:
+            return True
+        if ctx.call_name(call) == "torch.sign" and call.args and judge.weight_sign(call.args[0].value) is not None:
+            return True
+    return False
+
+
+def _unguarded_dual_clips(ctx: Analysis, judge: "_Surrogates") -> Iterator[Violation]:
+    """Dual-clip PPO bounds the clipped loss by ``-c * A`` (``torch.min(clipped_loss, -c * A)``, or ``max(.., c * A)``
+    on the objective) for negative advantages only; taken on every token it replaces the loss of each
+    positive-advantage token by a constant, with no gradient. Reported when the bounded value reaches a minimised
+    loss and the function never tests the sign of the advantages."""
+    loss = losses(ctx)
+    sign_of = signs(ctx)
+    sinks = None
+    for call in ctx.nodes(cst.Call):
+        kind = min_max_kind(ctx, call)
+        if kind is None:
+            continue
+        args = [arg.value for arg in call.args]
+        for bound_arg, other in ((args[0], args[1]), (args[1], args[0])):
+            bound = _dual_clip_bound(ctx, judge, bound_arg)
+            surrogate = judge.surrogate_sign(other) if bound is not None else None
+            if surrogate is None or bound != surrogate or kind != ("min" if bound < 0 else "max"):
+                continue
+            if _compares_advantages(ctx, judge, ctx.enclosing_function(call)):
+                break
+            if sinks is None:
+                sinks = [(sink, sink.terms(sign_of, judge.stop)) for sink in loss.sinks()]
+            reached = any(ctx.contains(call, t.expr) or any(ctx.contains(call, read) for read, _ in t.via)
+                          for _, terms in sinks for t in terms)
+            if reached:
+                yield Violation(call, "dual-clip bound applied to every token: for a positive advantage -c * A is "
+                                      "below the clipped loss, so those tokens get a constant loss and no gradient; "
+                                      "apply it where A < 0: torch.where(A < 0, torch.min(clipped, -c * A), clipped)")
+            break
