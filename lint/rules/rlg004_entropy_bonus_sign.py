@@ -21,6 +21,14 @@ class EntropyBonusSign(Rule):
     entropy is *added*: `loss = pg_loss + ent_coef * entropy`. Minimising that lowers entropy: the "bonus"
     is an entropy penalty.
 
+    The entropy is recognised by its computation, not its name: a library entropy (`dist.entropy()`,
+    `entropy_from_logits`), or one written out over the distribution, `-(p * log p).sum(-1)` (with `p` and the
+    argument of the log the same value, `torch.log`, `.log()`, `log_softmax` or a log helper of the module). A
+    helper that returns `(p * log p).sum(-1)`, which is *minus* the entropy, carries that sign to its callers:
+    when a caller subtracts it as a bonus (`loss - c * entropy(p)`), the helper is reported, since that is where
+    the sign goes wrong (unless the helper is named for the negation, `neg_entropy`, `entropy_loss`; then the
+    caller is).
+
     ## Why it is wrong
     The entropy bonus exists to keep the policy exploring. With the wrong sign it pushes the policy to
     collapse onto its current favourite tokens. Reward may still climb for a while; then entropy falls

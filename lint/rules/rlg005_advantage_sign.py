@@ -35,7 +35,12 @@ class AdvantageSign(Rule):
     - **surrogate not negated**: a loss that is minimised (named like a loss, or `.backward()`-ed) in which
       `ratio * A` (or `logp * A`, `logp * returns`) enters with a `+` sign: `loss = (ratio * adv).mean()`;
     - **PPO clip of the wrong sign**: the max of the surrogates `torch.max(ratio * A, clipped * A)`, or the min of
-      their negations `torch.min(-ratio * A, -clipped * A)`, whatever sign is put in front.
+      their negations `torch.min(-ratio * A, -clipped * A)`, whatever sign is put in front;
+    - **dual clip on every token**: the dual-clip bound `torch.min(clipped_loss, -c * A)` (or
+      `torch.max(objective, c * A)`) is meant for negative advantages; taken on every token, each
+      positive-advantage token's loss becomes the constant `-c * A`, with no gradient. Reported when the bounded
+      value reaches a minimised loss and the function never tests the sign of the advantages (`A < 0` in a
+      `torch.where` or a mask).
 
     The rule follows aliases, `self.` attributes and small helpers of the same module, so the TRL/OpenRLHF/CleanRL
     form (`pg_losses = -advantages * ratio; pg_losses2 = -advantages * torch.clamp(ratio, ...);

@@ -36,7 +36,15 @@ class KlSign(Rule):
     `reward - beta * (logp - ref_logp)` and `reward + beta * (ref_logp - logp)` are both correct, and so is
     verl's k3 estimator written from `kl = ref_logp - logp` (`kld = exp(kl) - kl - 1`). When no reference
     log-probs are visible, it trusts the name (`kl`, `kl_div`, `per_token_kl`, `kl_penalty(...)`), ignoring
-    coefficients (`kl_coef`, `beta`, `kl_ctl`).
+    coefficients (`kl_coef`, `beta`, `kl_ctl`, `kl_div_loss_weight`).
+
+    A KL written out over whole distributions, `(p * (log p - log q)).sum(-1)` or `p * log(p / q)`, is
+    `KL(p || q) >= 0` whichever of `p`, `q` is the policy, so its sign needs no names; with the logs swapped it
+    is minus the KL. A helper computing the swapped form that its caller adds to the loss as a penalty is
+    reported in the helper.
+
+    A KL to the *old* (behaviour) policy estimated from its samples, `old_logp - logp`, is `KL(old || cur)`'s k1
+    estimate and is not judged against the reference convention.
 
     ## Why it is wrong
     The KL term keeps the policy near the reference model. With the wrong sign it *rewards* moving away: the KL to
