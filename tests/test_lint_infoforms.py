@@ -28,6 +28,8 @@ def _products(source: str):
 @pytest.mark.parametrize("source, expected", [
     ("h = -(p * torch.log(p)).sum(-1)\n", [("entropy", -1)]),  # the product is minus the entropy; the minus restores it
     ("h = (p * p.log()).sum(dim=-1)\n", [("entropy", -1)]),
+    ("h = (-(p * p.log())).sum(dim=-1)\n", [("entropy", -1)]),  # the product's own sign; the minus is outside
+    ("h = (-p * p.log()).sum(dim=-1)\n", [("entropy", 1)]),
     ("h = torch.sum(q * torch.log(q.clamp(min=1e-8)), dim=-1)\n", [("entropy", -1)]),
     ("h = (p * torch.log(p + 1e-9)).sum(-1)\n", [("entropy", -1)]),
     ("q = z.softmax(-1)\nh = (q * z.log_softmax(-1)).sum(-1)\n", [("entropy", -1)]),

@@ -93,6 +93,8 @@ class Forms:
         """``(p * ...).sum(-1)``, ``.sum(dim=-1)``, ``torch.sum(p * ..., dim=-1)``: the vocabulary axis."""
         index = self.a.index
         parent = index.parent_of(product)
+        while isinstance(parent, cst.UnaryOperation) and isinstance(parent.operator, cst.Minus):
+            product, parent = parent, index.parent_of(parent)  # (-(p * log p)).sum(-1)
         if isinstance(parent, cst.Attribute) and parent.value is product and parent.attr.value in ("sum", "nansum"):
             call = index.parent_of(parent)
             if isinstance(call, cst.Call) and call.func is parent:
@@ -248,6 +250,10 @@ def negated_origin(a: "Analysis", kind: str, expr: cst.BaseExpression, frame) ->
         return found is not None and found.kind == kind
 
     terms = signs(a).terms(expr, frame, stop=stop)
+    if len(terms) == 1 and not stop(terms[0].expr, terms[0].frame):
+        inner = _returned_element(a, terms[0].expr)
+        if inner is not None:  # `h, stats = helper(p)`: the element the helper returns
+            terms = signs(a).terms(inner, None, stop=stop)
     origins = {id(t.expr): t.expr for t in terms if stop(t.expr, t.frame)}
     if len(origins) != 1 or len(terms) != sum(1 for t in terms if stop(t.expr, t.frame)):
         return None
@@ -267,6 +273,24 @@ def negated_origin(a: "Analysis", kind: str, expr: cst.BaseExpression, frame) ->
             if name is not None and NEGATED_NAME.fullmatch(name.rsplit(".", 1)[-1]):
                 return None
     return node
+
+
+def _returned_element(a: "Analysis", expr: cst.BaseExpression) -> cst.BaseExpression | None:
+    """For a name bound by unpacking a same-module helper's call (``h, stats = helper(p)``), the expression at that
+    position of the helper's one returned tuple; None otherwise."""
+    key = key_of(expr)
+    defs = a.flow.reaching(key, expr) if key is not None else []
+    if len(defs) != 1 or defs[0].kind != "assign" or defs[0].element is None or not isinstance(defs[0].value,
+                                                                                                 cst.Call):
+        return None
+    func = a.callee(defs[0].value)
+    if func is None:
+        return None
+    rets = [r.value for r in a.index.scopes[id(func)].returns
+            if r.value is not None and a.index.function_scope(r).node is func]
+    if len(rets) != 1 or not isinstance(rets[0], cst.Tuple) or defs[0].element >= len(rets[0].elements):
+        return None
+    return rets[0].elements[defs[0].element].value
 
 
 __all__ = ["Form", "Forms", "NEGATED_NAME", "forms", "negated_origin"]

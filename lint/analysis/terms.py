@@ -306,7 +306,34 @@ class Quantities:
     def _logp_stop(self, expr, frame) -> bool:
         return self._is_reference_logp(expr, frame) or self._is_policy_logp(expr, frame)
 
+    def _bound(self, expr, frame):
+        """A helper's parameter read in a frame bound to the call's argument: (argument, caller frame), else None."""
+        if frame is None or not isinstance(expr, cst.Name):
+            return None
+        defs = self.a.flow.reaching(expr.value, expr)
+        if len(defs) != 1 or defs[0].kind != "param" or defs[0].scope is not frame.func:
+            return None
+        bound = frame.binding(expr.value)
+        if bound is None or bound[0] == "item":
+            return None
+        return bound
+
+    def _argument_role(self, expr, frame) -> str | None:
+        """"reference" or "policy" when a parameter's bound argument says which log-probs it is: the value at the
+        call site wins over the parameter's name (``kl(ref_logp, logp)`` into ``def kl(lp, ref_lp)``)."""
+        bound = self._bound(expr, frame)
+        if bound is None:
+            return None
+        if self._is_reference_logp(*bound):
+            return "reference"
+        if self._is_policy_logp(*bound):
+            return "policy"
+        return None
+
     def _is_reference_logp(self, expr, frame) -> bool:
+        role = self._argument_role(expr, frame)
+        if role is not None:
+            return role == "reference"
         name = self._name(expr)
         if name is not None and (self.a.names.is_role(name, "ref_logp") or (
                 self.a.names.is_role(name, "ref_model") and isinstance(expr, cst.Name))):
@@ -316,6 +343,9 @@ class Quantities:
                                       o.what in ("logprobs", "output") for o in forwards)
 
     def _is_policy_logp(self, expr, frame) -> bool:
+        role = self._argument_role(expr, frame)
+        if role is not None:
+            return role == "policy"
         name = self._name(expr)
         if name is not None and (self.a.names.is_role(name, "ref_logp") or self.a.names.is_role(name, "old_logp")):
             return False

@@ -176,7 +176,7 @@ class EntropyBonusSign(Rule):
                 "def compute_loss(batch, cfg):\n"
                 "    ent, stats = ent_and_stats(batch['probs'])\n"
                 "    loss = batch['pg'] - cfg.ent_coef * ent.mean()\n"
-                "    return loss\n", line=7,
+                "    return loss\n", line=2,
                 why="a tuple return unpacked: its first element is minus the entropy", capability="C1",
                 style="framework"),
         Invalid("h = entropy_from_logits(z)\nh = masked_mean(h, m)\nloss = pg + 0.01 * h\nloss.backward()\n",

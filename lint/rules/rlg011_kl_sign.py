@@ -139,6 +139,12 @@ class KlSign(Rule):
               "        total = pg + self.kl_div_loss_weight * gap.mean()\n"
               "        total.backward()\n",
               "a KL with no telling name, added; its coefficient is named for the KL", capability="C2", style="class"),
+        Valid("class Actor:\n"
+              "    def kl_penalty(self, lp, ref_lp):\n"
+              "        return lp - ref_lp\n\n"
+              "    def loss(self, pg_loss, logprobs, ref_logprobs):\n"
+              "        return pg_loss + self.beta * self.kl_penalty(logprobs, ref_logprobs).mean()\n",
+              "a same-class KL helper called with the policy's log-probs first", capability="C2", style="class"),
     ]
     INVALID = [
         Invalid("loss = pg_loss - kl_coef * kl\n", line=1, fixed="loss = pg_loss + kl_coef * kl\n"),
@@ -189,6 +195,12 @@ class KlSign(Rule):
                 "    return batch['pg_loss'] + cfg.kl_coef * kl_term(batch, cfg)\n", line=3,
                 why="the old distribution weights log cur - log old: minus KL(old || cur), added",
                 capability="C2", style="framework"),
+        Invalid("def kl_penalty(lp, ref_lp):\n"
+                "    return lp - ref_lp\n\n"
+                "def actor_loss(pg_loss, ref_logprobs, logprobs, beta):\n"
+                "    return pg_loss + beta * kl_penalty(ref_logprobs, logprobs).mean()\n", line=5,
+                why="the arguments are passed the wrong way round: the call site's values win over the helper's "
+                    "parameter names", capability="C2", style="functional"),
     ]
 
     def check(self, ctx: Analysis) -> Iterator[Violation]:
