@@ -12,7 +12,7 @@ from rlguard.lint.analysis import Analysis
 from rlguard.lint.analysis import semantics as S
 from rlguard.lint.analysis.index import key_of
 from rlguard.lint.analysis.losses import losses, start, top_terms
-from rlguard.lint.analysis.roles import ratio_terms
+from rlguard.lint.analysis.roles import is_clip_weight, ratio_terms
 from rlguard.lint.analysis.signs import factors, min_max_kind, signs
 from rlguard.lint.analysis.terms import quantities
 from rlguard.lint.rule import Invalid, Rule, Valid, Violation
@@ -80,7 +80,8 @@ class AdvantageSign(Rule):
 
     code = "RLG005"
     # every branch starts with a literal (Python's re scans those fast); the rule checks the roles itself
-    triggers = (r"advantage|Advantage|adv(?:s\b|_|\b)|\*\s*-?\s*(?:A|returns?|rewards?)\b"
+    # (clamp/clip: a PPO clip names its advantages by their use, `min(r * x, r.clamp(lo, hi) * x)`)
+    triggers = (r"advantage|Advantage|adv(?:s\b|_|\b)|\*\s*-?\s*(?:A|returns?|rewards?)\b|clamp\(|clip\("
                 r"|(?:returns?|rewards?)\s*\*\s*\w*(?:ratio|log_?prob|logp)|A\s*\*\s*\w*(?:ratio|log_?prob|logp)")
 
     VALID = [
@@ -127,6 +128,21 @@ class AdvantageSign(Rule):
               "pl = neg * torch.min(pl, -3.0 * adv) + (1 - neg) * pl\n"
               "pl.mean().backward()\n",
               "dual clip blended by a mask of the negative advantages", capability="FP", style="script"),
+        Valid("q = (lp - lp_old).exp()\ns1 = q * g\ns2 = q.clamp(0.8, 1.2) * g\nl = -torch.min(s1, s2).mean()\n"
+              "l.backward()\n",
+              "g weighs both sides of the clip: the advantages by their use, here with the right sign",
+              capability="C2", style="script"),
+        Valid("class Learner:\n"
+              "    def step(self, batch):\n"
+              "        rho = torch.exp(self.logp(batch) - batch.behaviour_logp)\n"
+              "        gain = batch.score - batch.baseline\n"
+              "        obj = torch.min(rho * gain, rho.clamp(0.9, 1.1) * gain)\n"
+              "        (-obj.mean()).backward()\n",
+              "a clipped objective with an advantage named gain, negated into the loss", capability="C2",
+              style="class"),
+        Valid("m = torch.max(a * b, c * b)\nloss = m.mean()\nloss.backward()\n",
+              "a shared factor but no ratio and its clamp: not a PPO clip, so b is no advantage", capability="C2",
+              style="script"),
         Valid("class T:\n    def loss(self, ratio):\n        surr1 = ratio * self.adv\n"
               "        surr2 = ratio.clamp(0.8, 1.2) * self.adv\n"
               "        return -torch.min(surr1, surr2).mean()\n", "names, self attributes, returned"),
@@ -172,6 +188,21 @@ class AdvantageSign(Rule):
                 "pl = torch.min(pl, -3.0 * adv)\n"
                 "pl.mean().backward()\n", line=3, why="a literal dual-clip constant, no selection",
                 capability="C9", style="script"),
+        Invalid("q = (lp - lp_old).exp()\ns1 = q * g\ns2 = q.clamp(0.8, 1.2) * g\nl = torch.max(s1, s2).mean()\n"
+                "l.backward()\n", line=4,
+                why="g weighs both sides of the clip, so it is the advantage: the max is the optimistic bound",
+                capability="C2", style="script"),
+        Invalid("def clipped_objective(logp, old, w, eps):\n"
+                "    ratio = torch.exp(logp - old)\n"
+                "    return -torch.min(-ratio * w, -torch.clamp(ratio, 1 - eps, 1 + eps) * w).mean()\n", line=3,
+                why="an advantage with no telling name, known from the clip", capability="C2", style="functional"),
+        Invalid("class Learner:\n"
+                "    def step(self, batch):\n"
+                "        rho = torch.exp(self.logp(batch) - batch.behaviour_logp)\n"
+                "        gain = batch.score - batch.baseline\n"
+                "        obj = torch.min(rho * gain, rho.clamp(0.9, 1.1) * gain)\n"
+                "        (obj.mean()).backward()\n", line=5,
+                why="a clipped objective backpropagated without its minus", capability="C2", style="class"),
     ]
 
     def check(self, ctx: Analysis) -> Iterator[Violation]:
@@ -258,6 +289,8 @@ class _Surrogates:
             return self.weight_sign(S.receiver(expr), frame)
         if isinstance(expr, cst.Subscript) and key_of(expr) is None:
             return self.weight_sign(expr.value, frame)
+        if name is not None and is_clip_weight(self.ctx, expr) and not self.is_ratio(expr, frame):
+            return 1  # weighs both sides of a PPO clip: the advantages by their use, whatever the name
         return None
 
     def is_ratio(self, expr, frame=None, depth: int = 4) -> bool:
