@@ -141,6 +141,20 @@ class DetachedTargets(Rule):
               "    meta = meta.union(critic_out)\n",
               "a worker-group RPC returns plain data; meta is rebound at the loop head", capability="FP",
               style="framework"),
+        Valid("@torch.no_grad()\n"
+              "def logp_and_values(net, toks):\n"
+              "    out = net(toks)\n"
+              "    lp = out.logits[:, :-1].log_softmax(-1).gather(-1, toks[:, 1:, None]).squeeze(-1)\n"
+              "    return lp, out.value\n\n"
+              "old_logp, v = logp_and_values(policy, ids)\n",
+              "a tuple returned by a helper that runs without autograd", capability="C1", style="functional"),
+        Valid("class Trainer:\n"
+              "    def step(self, batch):\n"
+              "        v = self.critic(batch['obs']).squeeze(-1)\n"
+              "        v = v.detach() * batch['mask']\n"
+              "        adv = batch['returns'] - v\n"
+              "        return adv\n",
+              "the rebinding v = f(v) detaches the critic's values", capability="C1", style="framework"),
     ]
     INVALID = [
         Invalid("old_logp = compute_logp(model, ids)\n", line=1,
@@ -175,6 +189,26 @@ class DetachedTargets(Rule):
                                                    "logp = logits.log_softmax(-1)\n"
                                                    "old_logp = logp.detach()\n", why="alias of the live logp",
                 capability="C1", style="script"),
+        Invalid("def logp_of(net, toks):\n"
+                "    z = net(toks).logits\n"
+                "    z = z[:, :-1] / tau\n"
+                "    return z.log_softmax(-1).gather(-1, toks[:, 1:, None]).squeeze(-1)\n\n"
+                "behaviour_lp = logp_of(net, toks)\n", line=6,
+                why="z = f(z) reads the model call above it, inside a helper", capability="C1", style="functional"),
+        Invalid("def logp_and_values(net, toks):\n"
+                "    out = net(toks)\n"
+                "    lp = out.logits[:, :-1].log_softmax(-1).gather(-1, toks[:, 1:, None]).squeeze(-1)\n"
+                "    return lp, out.value\n\n"
+                "old_logp, v = logp_and_values(policy, ids)\n", line=6,
+                why="the first element of a helper's tuple, computed with autograd on", capability="C1",
+                style="functional"),
+        Invalid("class Trainer:\n"
+                "    def step(self, batch):\n"
+                "        v = self.critic(batch['obs']).squeeze(-1)\n"
+                "        v = v * batch['mask']\n"
+                "        adv = batch['returns'] - v\n"
+                "        return adv\n", line=5,
+                why="the rebinding v = v * mask keeps the critic's graph", capability="C1", style="framework"),
         Invalid("adv = gae(rewards, self.value_head(hidden).squeeze(-1), gamma, lam)\n", line=1,
                 fixed="adv = gae(rewards, self.value_head(hidden).squeeze(-1), gamma, lam).detach()\n"),
     ]
