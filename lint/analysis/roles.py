@@ -240,3 +240,35 @@ def _clamped(a: "Analysis", expr: cst.BaseExpression) -> cst.BaseExpression | No
         if a.call_name(expr) in ("torch.clamp", "torch.clip") and expr.args:
             return expr.args[0].value
     return None
+
+
+# ----- masks by their use ---------------------------------------------------------------------------------------
+def is_mask_by_use(a: "Analysis", expr: cst.BaseExpression) -> bool:
+    """``w`` in ``(v * w).sum(...) / w.sum(...)`` (the factor that also counts the denominator, optionally clamped):
+    a 0/1 mask or a non-negative weight by its use, whatever it is called."""
+    key = key_of(expr)
+    if key is None:
+        return False
+    index = a.index
+    node, parent = expr, index.parent_of(expr)
+    while isinstance(parent, cst.BinaryOperation) and isinstance(parent.operator, cst.Multiply):
+        node, parent = parent, index.parent_of(parent)
+    if node is expr or not isinstance(parent, cst.Attribute) or parent.attr.value not in ("sum", "nansum"):
+        return False
+    total = index.parent_of(parent)
+    if not isinstance(total, cst.Call):
+        return False
+    division = index.parent_of(total)
+    while isinstance(division, cst.BinaryOperation) and isinstance(division.operator, cst.Multiply):
+        total, division = division, index.parent_of(division)  # c * (v * w).sum() / w.sum()
+    if not isinstance(division, cst.BinaryOperation) or not isinstance(division.operator, cst.Divide) or \
+            division.left is not total:
+        return False
+    count = division.right
+    while isinstance(count, cst.Call) and a.method(count) in ("clamp", "clamp_min", "clip", "float", "item"):
+        count = S.receiver(count)
+    if not (isinstance(count, cst.Call) and a.method(count) == "sum"):
+        return False
+    counted = S.receiver(count)
+    return key_of(counted) == key and {id(d) for d in a.flow.reaching(key, counted)} == {
+        id(d) for d in a.flow.reaching(key, expr)}

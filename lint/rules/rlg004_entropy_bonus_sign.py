@@ -139,6 +139,8 @@ class EntropyBonusSign(Rule):
               "    return ce + 0.1 * entropy.mean()\n",
               "two different distributions: a cross-entropy to a teacher, not the policy's entropy",
               capability="C2", style="functional"),
+        Valid("h = -(q * q.log()).sum(-1)\nl = pg - 0.01 * (h * w).sum() / w.sum().clamp(min=1)\nl.backward()\n",
+              "a masked mean of the entropy, by the mask's use, subtracted", capability="C2", style="script"),
     ]
     INVALID = [
         Invalid("loss = pg_loss + ent_coef * entropy.mean()\n", line=1,
@@ -194,6 +196,9 @@ class EntropyBonusSign(Rule):
                 "    out['spread'] = -(pr * torch.log(pr + 1e-9)).sum(-1)\n"
                 "    return out['pg'] + cfg.coef * out['spread'].mean()\n", line=4,
                 why="an entropy stored under a dict key with no telling name", capability="C2", style="framework"),
+        Invalid("h = -(q * q.log()).sum(-1)\nl = pg + 0.01 * (h * w).sum() / w.sum().clamp(min=1)\nl.backward()\n",
+                line=2, why="w is a mask by its use (it also counts the denominator): a masked mean of the entropy",
+                capability="C2", style="script"),
     ]
 
     def check(self, ctx: Analysis) -> Iterator[Violation]:

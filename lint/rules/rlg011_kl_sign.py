@@ -145,6 +145,12 @@ class KlSign(Rule):
               "    def loss(self, pg_loss, logprobs, ref_logprobs):\n"
               "        return pg_loss + self.beta * self.kl_penalty(logprobs, ref_logprobs).mean()\n",
               "a same-class KL helper called with the policy's log-probs first", capability="C2", style="class"),
+        Valid("def divergence(p_new, p_old, m):\n"
+              "    per_tok = (p_new * (torch.log(p_new) - torch.log(p_old))).sum(dim=-1)\n"
+              "    return (per_tok * m).sum() / m.sum()\n\n"
+              "l = pg + beta * divergence(p, p0, m)\nl.backward()\n",
+              "a masked KL(p_new || p_old), its mask known by its use, added", capability="C2",
+              style="functional"),
     ]
     INVALID = [
         Invalid("loss = pg_loss - kl_coef * kl\n", line=1, fixed="loss = pg_loss + kl_coef * kl\n"),
@@ -180,6 +186,11 @@ class KlSign(Rule):
                 "        loss = pg_loss + self.kl_weight * masked_divergence(p_new, p_old, m)\n"
                 "        self.accelerator.backward(loss)\n", line=2,
                 why="a log helper of the module, summarised from its code", capability="C1", style="class"),
+        Invalid("def divergence(p_new, p_old, m):\n"
+                "    per_tok = (p_new * (torch.log(p_old) - torch.log(p_new))).sum(dim=-1)\n"
+                "    return (per_tok * m).sum() / m.sum()\n\n"
+                "l = pg + beta * divergence(p, p0, m)\nl.backward()\n", line=2,
+                why="m is a mask by its use, not its name", capability="C2", style="functional"),
         Invalid("d = (p * (p.log() - p0.log())).sum(-1)\nout = pg - beta * d.mean()\nout.backward()\n", line=2,
                 why="a KL known by its formula, subtracted", capability="C2", style="script"),
         Invalid("class Tuner:\n"
