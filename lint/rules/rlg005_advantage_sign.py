@@ -23,6 +23,9 @@ RATIO_NAME = re.compile(r"(?i)\w*ratios?\w*|rhos?|coef_[12]|is_weights?|importan
 # clip bounds, not ratios: verl's clip_ratio_c, clip_ratio_low/high
 NOT_RATIO_NAME = re.compile(r"(?i)\w*clip_?ratio\w*|\w*ratio_(c|low|high|max|min|eps|clip|range)")
 COEF_ROLES = ("entropy_coef", "kl_coef")
+# Objects that hold settings: an attribute read from one is a number, not a tensor.
+CONFIG_HEADS = frozenset({"cfg", "config", "args", "hparams", "opts", "options", "params", "settings", "conf",
+                          "loss_config", "algo_config", "training_args"})
 
 
 class AdvantageSign(Rule):
@@ -143,6 +146,16 @@ class AdvantageSign(Rule):
         Valid("m = torch.max(a * b, c * b)\nloss = m.mean()\nloss.backward()\n",
               "a shared factor but no ratio and its clamp: not a PPO clip, so b is no advantage", capability="C2",
               style="script"),
+        Valid("def expected_loss(weights, ratio, cfg):\n"
+              "    clipped_ratio = torch.clamp(ratio, 1 - cfg.eps_low, 1 + cfg.eps_high)\n"
+              "    l1 = -weights * ratio\n"
+              "    l2 = -weights * clipped_ratio\n"
+              "    worst = torch.maximum(l1, l2)\n"
+              "    floor = -weights * cfg.ratio_clip_c\n"
+              "    lower = torch.minimum(worst, floor)\n"
+              "    return torch.where(weights < 0, lower, worst).mean()\n",
+              "a dual-clip constant named like a ratio is a setting of the config, and the bound is selected for "
+              "negative advantages", capability="FP", style="framework"),
         Valid("class T:\n    def loss(self, ratio):\n        surr1 = ratio * self.adv\n"
               "        surr2 = ratio.clamp(0.8, 1.2) * self.adv\n"
               "        return -torch.min(surr1, surr2).mean()\n", "names, self attributes, returned"),
@@ -203,6 +216,15 @@ class AdvantageSign(Rule):
                 "        obj = torch.min(rho * gain, rho.clamp(0.9, 1.1) * gain)\n"
                 "        (obj.mean()).backward()\n", line=5,
                 why="a clipped objective backpropagated without its minus", capability="C2", style="class"),
+        Invalid("def policy_loss(weights, ratio, cfg):\n"
+                "    clipped_ratio = torch.clamp(ratio, 1 - cfg.eps_low, 1 + cfg.eps_high)\n"
+                "    l1 = -weights * ratio\n"
+                "    l2 = -weights * clipped_ratio\n"
+                "    worst = torch.maximum(l1, l2)\n"
+                "    floor = -weights * cfg.ratio_clip_c\n"
+                "    return torch.minimum(worst, floor).mean()\n", line=7,
+                why="the advantages (known from the clip) bound by the dual clip on every token", capability="C2",
+                style="framework"),
     ]
 
     def check(self, ctx: Analysis) -> Iterator[Violation]:
@@ -295,6 +317,8 @@ class _Surrogates:
 
     def is_ratio(self, expr, frame=None, depth: int = 4) -> bool:
         name = _name_of(expr)
+        if isinstance(expr, cst.Attribute) and CONFIG_HEADS & set(self.ctx.code(expr.value).split(".")):
+            return False  # cfg.ratio_clip_c, self.config.clip_ratio: a setting, never the ratio tensor
         if name is not None and RATIO_NAME.fullmatch(name) and not NOT_RATIO_NAME.fullmatch(name):
             return True
         if isinstance(expr, cst.Call):
