@@ -108,3 +108,32 @@ def test_kl_helper_with_swapped_logs_reported_in_the_helper():
     assert _findings(source) == [("RLG011", 6)]
     fixed = source.replace("(log(q) - log(p))", "(log(p) - log(q))")
     assert _findings(fixed) == []
+
+
+def test_negated_helper_in_another_file_of_the_tree(tmp_path, monkeypatch):
+    from rlguard.lint.config import Layer, load_config
+    from rlguard.lint.runner import run
+
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "infos.py").write_text(textwrap.dedent('''
+        import torch
+
+        def token_entropy(p):
+            return (p * torch.log(p)).sum(-1)
+
+        def kl_div(p, q):
+            return (p * (torch.log(p) - torch.log(q))).sum(-1)
+    '''))
+    (pkg / "train.py").write_text(textwrap.dedent('''
+        from pkg.infos import token_entropy, kl_div
+
+        def actor_loss(lp, adv, p, q):
+            loss = -(lp * adv).mean() - 0.01 * token_entropy(p).mean() + 0.1 * kl_div(p, q).mean()
+            return loss
+    '''))
+    monkeypatch.chdir(tmp_path)
+    config = load_config([tmp_path], cli=Layer(select=["RLG004", "RLG011"]), isolated=True)
+    found = [(f.code, f.path.replace("\\", "/"), f.line) for f in run(["."], config, cache=False).findings]
+    assert found == [("RLG004", "pkg/train.py", 5)]  # the entropy helper is negated; the KL one is right

@@ -145,6 +145,15 @@ class Quantities:
         compute = {"entropy": self._entropy, "kl": self._kl}[kind]
         return self._memoised(kind, expr, frame, depth, compute)
 
+    def _summarised(self, kind: str, expr) -> int | None:
+        """The sign a function of another file of the linted tree returns the quantity with (its summary, from its
+        code), else None."""
+        if not isinstance(expr, cst.Call):
+            return None
+        summary = self.a.summary_of_call(expr)
+        signed = getattr(summary, "returns_signed", None) if summary is not None else None
+        return signed.get(kind) if signed else None
+
     # ----- linear pieces -----------------------------------------------------------------------------------------
     def _linear(self, kind: str, expr, frame, depth) -> int | None:
         """The sign of the quantity in a sum, a product with coefficients, or a reduction of it."""
@@ -178,6 +187,9 @@ class Quantities:
         written_out = self._info_form("entropy", expr)
         if written_out is not None:
             return written_out
+        elsewhere = self._summarised("entropy", expr)
+        if elsewhere is not None:
+            return elsewhere
         if isinstance(expr, cst.Call):
             func = self.a.callee(expr)
             if func is None and self._entropy_call(expr):
@@ -249,6 +261,9 @@ class Quantities:
         written_out = self._info_form("kl", expr)
         if written_out is not None:
             return written_out
+        elsewhere = self._summarised("kl", expr)
+        if elsewhere is not None:
+            return elsewhere
         difference = self._log_ratio(expr, frame, depth)
         if difference is not None:
             return difference

@@ -247,4 +247,27 @@ def judge_terms(ctx: Analysis, kind: str, want: int, message: str,
             if id(operand) in reported:
                 continue
             reported.add(id(operand))
+            helper = _negating_helper_elsewhere(ctx, quantity, sign_of, kind, found[0][0], term.frame)
+            if helper is not None:
+                role = "an entropy bonus" if kind == "entropy" else "a KL penalty"
+                yield Violation(operand, f"`{helper}` (another file of the tree) returns minus the {what(kind)}, and "
+                                         f"it enters this minimised loss with the sign of {role}, so it acts the "
+                                         "wrong way; fix the helper or the sign here")
+                continue
             yield Violation(operand, message, flip(stmt, value, operand))
+
+
+def what(kind: str) -> str:
+    return {"entropy": "entropy", "kl": "KL"}.get(kind, kind)
+
+
+def _negating_helper_elsewhere(ctx, quantity, sign_of, kind, expr, frame) -> str | None:
+    """The name of a function of another file whose summary says it returns minus ``kind``, when ``expr``'s value
+    is (a reduction of) its call."""
+    def stop(e, _frame):
+        return quantity._summarised(kind, e) is not None
+
+    terms = sign_of.terms(expr, frame, stop=stop)
+    if len(terms) == 1 and stop(terms[0].expr, None) and quantity._summarised(kind, terms[0].expr) == -1:
+        return ctx.code(terms[0].expr.func)
+    return None
