@@ -167,3 +167,108 @@ def old_logp_arguments(a: "Analysis") -> list[tuple[cst.BaseExpression, cst.Call
                         found.append((value, call))
         return found
     return a.facet("old_logp_arguments", build)
+
+
+# ----- advantages by their use ----------------------------------------------------------------------------------
+def clip_weights(a: "Analysis") -> frozenset:
+    """The values that weigh both sides of a PPO clip: in ``min/max(r * x, clamp(r, lo, hi) * x)`` (each side
+    possibly a name with one plain definition, either sign), ``x`` is the advantage, whatever it is called, and
+    ``r`` the ratio. Answers (key, reaching definitions) pairs of ``x``'s reads."""
+    def build(an):
+        from rlguard.lint.analysis.signs import factors, min_max_kind
+
+        found = set()
+        for call in an.nodes(cst.Call):
+            if min_max_kind(an, call) is None:
+                continue
+            sides = []
+            for arg in call.args:
+                sign, facs = factors(_single_value(an, arg.value))
+                sides.append(facs)
+            if len(sides) != 2 or len(sides[0]) != 2 or len(sides[1]) != 2:
+                continue
+            for x_side, other in ((0, 1), (1, 0)):
+                left, right = sides[x_side], sides[other]
+                for i in (0, 1):
+                    x, r = left[i], left[1 - i]
+                    for j in (0, 1):
+                        if not _same_read(an, x, right[j]):
+                            continue
+                        inner = _clamped(an, right[1 - j]) or _clamped(an, _single_value(an, right[1 - j]))
+                        if inner is not None and _same_read(an, inner, r) and key_of(x) is not None:
+                            found.add(_read_id(an, x))
+        return frozenset(found)
+    return a.facet("clip_weights", build)
+
+
+def is_clip_weight(a: "Analysis", expr: cst.BaseExpression) -> bool:
+    """Whether ``expr`` reads a value that weighs both sides of a PPO clip in this module."""
+    return key_of(expr) is not None and _read_id(a, expr) in clip_weights(a)
+
+
+def _single_value(a: "Analysis", expr: cst.BaseExpression) -> cst.BaseExpression:
+    """A name followed to the value of its one plain assignment (up to three steps), else the expression itself."""
+    for _ in range(3):
+        key = key_of(expr)
+        defs = a.flow.reaching(key, expr) if key is not None else []
+        if len(defs) != 1 or defs[0].kind != "assign" or defs[0].element is not None or defs[0].value is None:
+            return expr
+        expr = defs[0].value
+    return expr
+
+
+def _read_id(a: "Analysis", expr: cst.BaseExpression) -> tuple:
+    key = key_of(expr)
+    return key, frozenset(id(d) for d in a.flow.reaching(key, expr))
+
+
+def _same_read(a: "Analysis", x: cst.BaseExpression, y: cst.BaseExpression) -> bool:
+    while isinstance(x, cst.Call) and a.method(x) in ("unsqueeze", "detach", "float", "view", "reshape"):
+        x = S.receiver(x)
+    while isinstance(y, cst.Call) and a.method(y) in ("unsqueeze", "detach", "float", "view", "reshape"):
+        y = S.receiver(y)
+    if key_of(x) is None or key_of(x) != key_of(y):
+        return False
+    return _read_id(a, x) == _read_id(a, y)
+
+
+def _clamped(a: "Analysis", expr: cst.BaseExpression) -> cst.BaseExpression | None:
+    """``r`` of ``r.clamp(lo, hi)`` / ``torch.clamp(r, lo, hi)`` (also ``clip``), else None."""
+    if isinstance(expr, cst.Call):
+        if a.method(expr) in ("clamp", "clip") and S.receiver(expr) is not None:
+            return S.receiver(expr)
+        if a.call_name(expr) in ("torch.clamp", "torch.clip") and expr.args:
+            return expr.args[0].value
+    return None
+
+
+# ----- masks by their use ---------------------------------------------------------------------------------------
+def is_mask_by_use(a: "Analysis", expr: cst.BaseExpression) -> bool:
+    """``w`` in ``(v * w).sum(...) / w.sum(...)`` (the factor that also counts the denominator, optionally clamped):
+    a 0/1 mask or a non-negative weight by its use, whatever it is called."""
+    key = key_of(expr)
+    if key is None:
+        return False
+    index = a.index
+    node, parent = expr, index.parent_of(expr)
+    while isinstance(parent, cst.BinaryOperation) and isinstance(parent.operator, cst.Multiply):
+        node, parent = parent, index.parent_of(parent)
+    if node is expr or not isinstance(parent, cst.Attribute) or parent.attr.value not in ("sum", "nansum"):
+        return False
+    total = index.parent_of(parent)
+    if not isinstance(total, cst.Call):
+        return False
+    division = index.parent_of(total)
+    while isinstance(division, cst.BinaryOperation) and isinstance(division.operator, cst.Multiply):
+        total, division = division, index.parent_of(division)  # c * (v * w).sum() / w.sum()
+    if not isinstance(division, cst.BinaryOperation) or not isinstance(division.operator, cst.Divide) or \
+            division.left is not total:
+        return False
+    count = division.right
+    while isinstance(count, cst.Call) and a.method(count) in ("clamp", "clamp_min", "clip", "float", "item"):
+        count = S.receiver(count)
+    if not (isinstance(count, cst.Call) and a.method(count) == "sum"):
+        return False
+    counted = S.receiver(count)
+    return key_of(counted) == key and {id(d) for d in a.flow.reaching(key, counted)} == {
+        id(d) for d in a.flow.reaching(key, expr)}

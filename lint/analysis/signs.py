@@ -22,6 +22,7 @@ import libcst as cst
 
 from rlguard.lint.analysis import semantics as S
 from rlguard.lint.analysis.index import key_of
+from rlguard.lint.analysis.roles import is_mask_by_use
 from rlguard.lint.analysis.values import Frame
 
 if TYPE_CHECKING:
@@ -249,6 +250,8 @@ class Signs:
                 return None
             if vocab.is_role(name, "mask"):
                 return 1
+            if is_mask_by_use(self.a, expr):
+                return 1  # (v * w).sum() / w.sum(): w is a mask by its use
             key = key_of(expr)
             defs = self.a.flow.reaching(key, expr) if key is not None and depth > 0 else []
             values = [d for d in defs if d.kind in ("assign", "aug") and d.value is not None]

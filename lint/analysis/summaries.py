@@ -45,6 +45,8 @@ class FunctionSummary:
     zeroes: list[str] = field(default_factory=list)  # parameters / "self.x" whose gradients it zeroes
     steps: list[str] = field(default_factory=list)  # parameters / "self.x" whose optimizer it steps
     backward: bool = False
+    # the sign with which every return is an entropy or a KL ({"entropy": -1} for `(p * log p).sum(-1)`)
+    returns_signed: dict[str, int] = field(default_factory=dict)
 
     def returned_argument(self) -> tuple[int | None, str] | None:
         if self.returns_param is None:
@@ -220,6 +222,7 @@ def summarise(a: "Analysis", func: cst.FunctionDef, qualname: str) -> FunctionSu
             any(n in params for n in (o.model.names if o.model else ())) for o in forwards)
         summary.returns_from = sorted({o.name for o in flat if o.kind == PARAM and o.name in params
                                        and o.name not in ("self", "cls")})
+        summary.returns_signed = _returns_signed(a, returns)
     for call in a.index.descendants(func, cst.Call):
         if a.index.function_scope(call).node is not func:
             continue
@@ -233,6 +236,25 @@ def summarise(a: "Analysis", func: cst.FunctionDef, qualname: str) -> FunctionSu
         elif method == "step" and target:
             summary.steps.append(target)
     return summary
+
+
+def _returns_signed(a: "Analysis", returns: list) -> dict[str, int]:
+    """For each of entropy and KL, the sign with which every return value is that quantity (read from the code by
+    the quantities facet: a written-out formula, a library entropy), when all returns agree."""
+    from rlguard.lint.analysis.terms import quantities
+
+    texts = [a.code(r.value).lower() for r in returns]
+    if not any("log" in t or "entrop" in t or "kl" in t for t in texts):
+        return {}  # cheap: every form the facet knows needs a log, an entropy call or a KL by name
+    found: dict[str, int] = {}
+    for kind in ("entropy", "kl"):
+        values = []
+        for r in returns:
+            value = r.value.elements[0].value if isinstance(r.value, cst.Tuple) and r.value.elements else r.value
+            values.append(quantities(a).sign(kind, value, None))
+        if values and values[0] is not None and all(v == values[0] for v in values):
+            found[kind] = values[0]
+    return found
 
 
 def _grad_param(a: "Analysis", func: cst.FunctionDef) -> tuple[str, bool] | None:

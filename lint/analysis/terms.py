@@ -9,12 +9,14 @@ comparison.
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING
 
 import libcst as cst
 
 from rlguard.lint.analysis import semantics as S
 from rlguard.lint.analysis.index import key_of
+from rlguard.lint.analysis.infoforms import forms
 from rlguard.lint.analysis.provenance import FORWARD, provenance
 from rlguard.lint.analysis.signs import factors, signs
 from rlguard.lint.analysis.values import Frame
@@ -23,6 +25,10 @@ if TYPE_CHECKING:
     from rlguard.lint.analysis import Analysis
 
 DEPTH = 10
+# A reduction under a mask named for what it reduces (``masked_entropy``, ``masked_kl_div``), not a mask itself.
+_MASKED_REDUCTION = re.compile(r"(?i)masked_(?!mask)\w+")
+# A coefficient named for the term it scales (``kl_div_loss_weight``, ``entropy_scale``, ``kl_beta``).
+_COEFFICIENT = re.compile(r"(?i)\w+_(coef|coeff|coefficient|weight|scale|factor|beta|lambda|lam)")
 
 
 class Quantities:
@@ -48,8 +54,17 @@ class Quantities:
 
     def _excluded(self, name: str | None) -> bool:
         vocab = self.a.names
+        if name is not None and _MASKED_REDUCTION.fullmatch(name):
+            return False  # masked_entropy(p, mask=m), masked_kl_div(p, q, m): a masked reduction, not a mask
+        if name is not None and _COEFFICIENT.fullmatch(name):
+            return True  # kl_div_loss_weight, entropy_scale: the coefficient of the term, not the term
         return name is None or vocab.is_role(name, "mask") or vocab.is_role(name, "entropy_coef") or \
             vocab.is_role(name, "kl_coef") or "coef" in name.lower() or "mask" in name.lower()
+
+    def _info_form(self, kind: str, expr) -> int | None:
+        """The sign of an entropy or KL written out over a whole distribution (``(p * log(p)).sum(-1)``)."""
+        found = forms(self.a).form(expr)
+        return found.sign if found is not None and found.kind == kind else None
 
     def _memoised(self, kind: str, expr, frame, depth, compute) -> int | None:
         key = (kind, id(expr), id(frame))
@@ -85,8 +100,31 @@ class Quantities:
                 found.add(self.sign(kind, bound[0], bound[1], depth - 1))
             elif d.kind == "assign" and d.element is None and d.value is not None and d.key == key:
                 found.add(self.sign(kind, d.value, frame, depth - 1))
+            elif d.kind == "assign" and d.element is not None and isinstance(d.value, cst.Call) and d.key == key:
+                found.add(self._returned_element(kind, d.value, d.element, frame, depth))
             else:
                 return None
+        return found.pop() if len(found) == 1 else None
+
+    def _returned_element(self, kind: str, call: cst.Call, element: int, frame, depth) -> int | None:
+        """``h, stats = helper(p)``: the sign of the quantity in element ``element`` of every tuple the
+        same-module helper returns (its parameters bound to the call's arguments); None when a return is not a
+        tuple of that length or the helper is out of view."""
+        func = self.a.callee(call)
+        if func is None:
+            return None
+        inner = self.signs._frame(func, call, frame)
+        if inner is None:
+            return None
+        found = set()
+        for ret in self.a.index.scopes[id(func)].returns:
+            if ret.value is None or self.a.index.function_scope(ret).node is not func:
+                continue
+            value = ret.value
+            if not isinstance(value, cst.Tuple) or element >= len(value.elements) or any(
+                    isinstance(el, cst.StarredElement) for el in value.elements):
+                return None
+            found.add(self.sign(kind, value.elements[element].value, inner, depth - 1))
         return found.pop() if len(found) == 1 else None
 
     def _visible(self, expr, frame) -> bool:
@@ -106,6 +144,15 @@ class Quantities:
     def sign(self, kind: str, expr, frame: Frame | None = None, depth: int = DEPTH) -> int | None:
         compute = {"entropy": self._entropy, "kl": self._kl}[kind]
         return self._memoised(kind, expr, frame, depth, compute)
+
+    def _summarised(self, kind: str, expr) -> int | None:
+        """The sign a function of another file of the linted tree returns the quantity with (its summary, from its
+        code), else None."""
+        if not isinstance(expr, cst.Call):
+            return None
+        summary = self.a.summary_of_call(expr)
+        signed = getattr(summary, "returns_signed", None) if summary is not None else None
+        return signed.get(kind) if signed else None
 
     # ----- linear pieces -----------------------------------------------------------------------------------------
     def _linear(self, kind: str, expr, frame, depth) -> int | None:
@@ -137,6 +184,12 @@ class Quantities:
         name = self._name(expr)
         if name is not None and self._excluded(name):
             return None
+        written_out = self._info_form("entropy", expr)
+        if written_out is not None:
+            return written_out
+        elsewhere = self._summarised("entropy", expr)
+        if elsewhere is not None:
+            return elsewhere
         if isinstance(expr, cst.Call):
             func = self.a.callee(expr)
             if func is None and self._entropy_call(expr):
@@ -205,6 +258,12 @@ class Quantities:
             return None
         if isinstance(expr, cst.Comparison):
             return None
+        written_out = self._info_form("kl", expr)
+        if written_out is not None:
+            return written_out
+        elsewhere = self._summarised("kl", expr)
+        if elsewhere is not None:
+            return elsewhere
         difference = self._log_ratio(expr, frame, depth)
         if difference is not None:
             return difference
@@ -262,7 +321,34 @@ class Quantities:
     def _logp_stop(self, expr, frame) -> bool:
         return self._is_reference_logp(expr, frame) or self._is_policy_logp(expr, frame)
 
+    def _bound(self, expr, frame):
+        """A helper's parameter read in a frame bound to the call's argument: (argument, caller frame), else None."""
+        if frame is None or not isinstance(expr, cst.Name):
+            return None
+        defs = self.a.flow.reaching(expr.value, expr)
+        if len(defs) != 1 or defs[0].kind != "param" or defs[0].scope is not frame.func:
+            return None
+        bound = frame.binding(expr.value)
+        if bound is None or bound[0] == "item":
+            return None
+        return bound
+
+    def _argument_role(self, expr, frame) -> str | None:
+        """"reference" or "policy" when a parameter's bound argument says which log-probs it is: the value at the
+        call site wins over the parameter's name (``kl(ref_logp, logp)`` into ``def kl(lp, ref_lp)``)."""
+        bound = self._bound(expr, frame)
+        if bound is None:
+            return None
+        if self._is_reference_logp(*bound):
+            return "reference"
+        if self._is_policy_logp(*bound):
+            return "policy"
+        return None
+
     def _is_reference_logp(self, expr, frame) -> bool:
+        role = self._argument_role(expr, frame)
+        if role is not None:
+            return role == "reference"
         name = self._name(expr)
         if name is not None and (self.a.names.is_role(name, "ref_logp") or (
                 self.a.names.is_role(name, "ref_model") and isinstance(expr, cst.Name))):
@@ -272,6 +358,9 @@ class Quantities:
                                       o.what in ("logprobs", "output") for o in forwards)
 
     def _is_policy_logp(self, expr, frame) -> bool:
+        role = self._argument_role(expr, frame)
+        if role is not None:
+            return role == "policy"
         name = self._name(expr)
         if name is not None and (self.a.names.is_role(name, "ref_logp") or self.a.names.is_role(name, "old_logp")):
             return False

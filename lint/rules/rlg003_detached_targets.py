@@ -117,27 +117,44 @@ class DetachedTargets(Rule):
               "\n"
               "    def rollouts(self, ids):\n"
               "        old_per_token_logps = self._behaviour(ids)\n",
-              "a same-class helper assigns the value under no_grad and returns the name after the block"),
+              "a same-class helper assigns the value under no_grad and returns the name after the block",
+              capability="FP", style="class"),
         Valid("ref_logprobs = helpers.token_logprobs(self.ref_policy, batch, use_grad=False)\n",
-              "a helper the linter cannot read, told to run without autograd"),
+              "a helper the linter cannot read, told to run without autograd", capability="FP", style="framework"),
         Valid("def test_matches_fused_kernel(model_ref, ids):\n"
               "    ref_logp = model_ref(ids).logits[:, :-1].log_softmax(-1).gather(-1, ids[:, 1:, None])\n"
               "    ref_logp.sum().backward()\n"
               "    return [p.grad for p in model_ref.parameters()]\n",
-              "a test's reference implementation is backpropagated itself: a loss, not a target"),
+              "a test's reference implementation is backpropagated itself: a loss, not a target", capability="FP",
+              style="functional"),
         Valid("class Scorer(nn.Module):\n"
               "    def forward(self, ids):\n"
               "        hidden = self.body(ids)[0]\n"
               "        per_token = self.v_head(hidden).squeeze(-1)\n"
               "        returns = per_token[:, -1]\n"
               "        return returns\n",
-              "`returns` is what a model's forward returns, not RL returns"),
+              "`returns` is what a model's forward returns, not RL returns", capability="FP", style="class"),
         Valid("for batch in loader:\n"
               "    meta = prepare(batch)\n"
               "    advantages, returns = estimate(meta.select(['rewards', 'values']), gamma=1.0)\n"
               "    critic_out = self.critic_wg.update_critic(meta)\n"
               "    meta = meta.union(critic_out)\n",
-              "a worker-group RPC returns plain data; meta is rebound at the loop head"),
+              "a worker-group RPC returns plain data; meta is rebound at the loop head", capability="FP",
+              style="framework"),
+        Valid("@torch.no_grad()\n"
+              "def logp_and_values(net, toks):\n"
+              "    out = net(toks)\n"
+              "    lp = out.logits[:, :-1].log_softmax(-1).gather(-1, toks[:, 1:, None]).squeeze(-1)\n"
+              "    return lp, out.value\n\n"
+              "old_logp, v = logp_and_values(policy, ids)\n",
+              "a tuple returned by a helper that runs without autograd", capability="C1", style="functional"),
+        Valid("class Trainer:\n"
+              "    def step(self, batch):\n"
+              "        v = self.critic(batch['obs']).squeeze(-1)\n"
+              "        v = v.detach() * batch['mask']\n"
+              "        adv = batch['returns'] - v\n"
+              "        return adv\n",
+              "the rebinding v = f(v) detaches the critic's values", capability="C1", style="framework"),
     ]
     INVALID = [
         Invalid("old_logp = compute_logp(model, ids)\n", line=1,
@@ -158,9 +175,10 @@ class DetachedTargets(Rule):
                 "    logits = model(ids).logits[:, :-1]\n"
                 "    return torch.gather(logits.log_softmax(-1), 2, ids[:, 1:, None]).squeeze(-1)\n"
                 "\n"
-                "behavior_logp = token_logp(policy, ids)\n", line=5, why="a same-module helper runs the forward"),
+                "behavior_logp = token_logp(policy, ids)\n", line=5, why="a same-module helper runs the forward",
+                capability="C1", style="functional"),
         Invalid("_, old_logprobs, _, value = agent.get_action_and_value(obs)\n", line=1,
-                why="tuple unpacking, no fix"),
+                why="tuple unpacking, no fix", capability="C1", style="script"),
         Invalid("with torch.no_grad():\n"
                 "    rewards = reward_model(ids)\n"
                 "next_values = critic(next_obs)\n"
@@ -169,7 +187,28 @@ class DetachedTargets(Rule):
                 "logp = logits.log_softmax(-1)\n"
                 "old_logp = logp\n", line=3, fixed="logits = policy(ids).logits\n"
                                                    "logp = logits.log_softmax(-1)\n"
-                                                   "old_logp = logp.detach()\n", why="alias of the live logp"),
+                                                   "old_logp = logp.detach()\n", why="alias of the live logp",
+                capability="C1", style="script"),
+        Invalid("def logp_of(net, toks):\n"
+                "    z = net(toks).logits\n"
+                "    z = z[:, :-1] / tau\n"
+                "    return z.log_softmax(-1).gather(-1, toks[:, 1:, None]).squeeze(-1)\n\n"
+                "behaviour_lp = logp_of(net, toks)\n", line=6,
+                why="z = f(z) reads the model call above it, inside a helper", capability="C1", style="functional"),
+        Invalid("def logp_and_values(net, toks):\n"
+                "    out = net(toks)\n"
+                "    lp = out.logits[:, :-1].log_softmax(-1).gather(-1, toks[:, 1:, None]).squeeze(-1)\n"
+                "    return lp, out.value\n\n"
+                "old_logp, v = logp_and_values(policy, ids)\n", line=6,
+                why="the first element of a helper's tuple, computed with autograd on", capability="C1",
+                style="functional"),
+        Invalid("class Trainer:\n"
+                "    def step(self, batch):\n"
+                "        v = self.critic(batch['obs']).squeeze(-1)\n"
+                "        v = v * batch['mask']\n"
+                "        adv = batch['returns'] - v\n"
+                "        return adv\n", line=5,
+                why="the rebinding v = v * mask keeps the critic's graph", capability="C1", style="framework"),
         Invalid("adv = gae(rewards, self.value_head(hidden).squeeze(-1), gamma, lam)\n", line=1,
                 fixed="adv = gae(rewards, self.value_head(hidden).squeeze(-1), gamma, lam).detach()\n"),
     ]

@@ -7,6 +7,7 @@ from typing import Iterator
 import libcst as cst
 
 from rlguard.lint.analysis import Analysis
+from rlguard.lint.analysis.infoforms import negated_origin
 from rlguard.lint.analysis.losses import flip, losses, sink_name
 from rlguard.lint.analysis.signs import factors, signs
 from rlguard.lint.analysis.terms import quantities
@@ -19,6 +20,14 @@ class EntropyBonusSign(Rule):
     A loss that is minimised (it is named like a loss, or it is `.backward()`-ed) to which the policy's
     entropy is *added*: `loss = pg_loss + ent_coef * entropy`. Minimising that lowers entropy: the "bonus"
     is an entropy penalty.
+
+    The entropy is recognised by its computation, not its name: a library entropy (`dist.entropy()`,
+    `entropy_from_logits`), or one written out over the distribution, `-(p * log p).sum(-1)` (with `p` and the
+    argument of the log the same value, `torch.log`, `.log()`, `log_softmax` or a log helper of the module). A
+    helper that returns `(p * log p).sum(-1)`, which is *minus* the entropy, carries that sign to its callers:
+    when a caller subtracts it as a bonus (`loss - c * entropy(p)`), the helper is reported, since that is where
+    the sign goes wrong (unless the helper is named for the negation, `neg_entropy`, `entropy_loss`; then the
+    caller is).
 
     ## Why it is wrong
     The entropy bonus exists to keep the policy exploring. With the wrong sign it pushes the policy to
@@ -47,7 +56,8 @@ class EntropyBonusSign(Rule):
     """
 
     code = "RLG004"
-    triggers = r"(?i)entrop|\bent\b"
+    # an entropy by name, or one written out over a distribution (it needs a log: `(p * p.log()).sum(-1)`)
+    triggers = r"(?i)entrop|\bent\b|log\(|log_softmax"
     fixable = True
 
     VALID = [
@@ -62,25 +72,75 @@ class EntropyBonusSign(Rule):
         Valid("loss = pg_loss + vf_coef * value_loss - ent_coef * entropy_bonus\n", "three terms, right sign"),
         Valid("loss = -(surrogate + ent_coef * entropy).mean()\n", "the whole objective is negated"),
         Valid("loss = F.cross_entropy(logits.view(-1, V), labels.view(-1)) + aux_loss\n",
-              "cross-entropy against labels is not the policy's entropy"),
+              "cross-entropy against labels is not the policy's entropy", capability="C2", style="script"),
         Valid("entropy_loss = entropy.mean()\nloss = pg_loss - ent_coef * entropy_loss\nloss.backward()\n",
               "a positive entropy component, subtracted where it joins the loss"),
         Valid("high = entropies >= torch.quantile(entropies[mask.bool()], q)\n"
               "per_token_loss = -torch.min(ratio * adv, ratio.clamp(0.8, 1.2) * adv)\n"
               "per_token_loss = per_token_loss * high_entropy_mask\n"
               "loss = (per_token_loss * mask).sum() / mask.sum()\n",
-              "a 0/1 selection of high-entropy tokens multiplies the loss: a mask, never a bonus"),
+              "a 0/1 selection of high-entropy tokens multiplies the loss: a mask, never a bonus",
+              capability="FP", style="functional"),
         Valid("status = {'act_loss': logs['policy_loss']}\n"
               "status['ent_loss'] = logs['entropy_loss']\n"
               "bar.set_postfix(status)\n",
-              "a progress-bar entry named like a loss: nothing minimises it"),
+              "a progress-bar entry named like a loss: nothing minimises it", capability="FP", style="framework"),
         Valid("loss = pg_loss - coef * entropy.mean()\n"
               "log['loss_with_bonus'] = (pg_loss + coef * entropy.mean()).item()\n",
-              "the sum with a plus sign is only logged"),
+              "the sum with a plus sign is only logged", capability="FP", style="framework"),
         Valid("def loss_fn(logits, mask, adv, ratio):\n"
               "    h = entropy_from_logits(logits)\n"
               "    return -(ratio * adv * mask).sum() / mask.sum() - 0.01 * (h * mask).sum() / mask.sum()\n",
               "a loss function returning the bonus subtracted"),
+        # a helper's entropy sign comes from its code (an effect summary), whatever it is called
+        Valid("def neg_entropy(p):\n"
+              "    return (p * torch.log(p)).sum(-1)\n\n"
+              "def pg_objective(lp, adv, p):\n"
+              "    loss = -(lp * adv).mean() + 0.01 * neg_entropy(p).mean()\n"
+              "    return loss\n",
+              "the helper returns minus the entropy and the loss adds it: a bonus", capability="C1",
+              style="functional"),
+        Valid("class Learner:\n"
+              "    def spread(self, probs):\n"
+              "        return -(probs * probs.clamp(min=1e-8).log()).sum(dim=-1)\n\n"
+              "    def step(self, probs, pg_loss):\n"
+              "        ent = self.spread(probs)\n"
+              "        loss = pg_loss - self.ent_coef * ent.mean()\n"
+              "        loss.backward()\n",
+              "a method that writes out the entropy, subtracted by its caller", capability="C1", style="class"),
+        Valid("def token_entropy(p):\n"
+              "    return (p * ext.safe_log(p)).sum(-1)\n\n"
+              "def pg_objective(lp, adv, p):\n"
+              "    loss = -(lp * adv).mean() - 0.01 * token_entropy(p).mean()\n"
+              "    return loss\n",
+              "the log is a call the linter cannot read: the helper's sign is unknown, so nothing is said",
+              capability="C1", style="functional"),
+        Valid("def ent_and_stats(p):\n"
+              "    e = -(p * torch.log(p + 1e-9)).sum(-1)\n"
+              "    return e, {'entropy': e.mean().item()}\n\n"
+              "def compute_loss(batch, cfg):\n"
+              "    ent, stats = ent_and_stats(batch['probs'])\n"
+              "    loss = batch['pg'] - cfg.ent_coef * ent.mean()\n"
+              "    return loss\n",
+              "the first element of the helper's tuple is the entropy, subtracted", capability="C1",
+              style="framework"),
+        Valid("h = entropy_from_logits(z)\nh = masked_mean(h, m)\nloss = pg - 0.01 * h\nloss.backward()\n",
+              "a rebinding h = f(h) reads the entropy above it", capability="C1", style="script"),
+        # roles from the formula, not the name
+        Valid("entropy = (p * torch.log(p)).sum(-1)\nloss = pg + 0.01 * entropy.mean()\nloss.backward()\n",
+              "named entropy, but it is sum(p log p), minus the entropy: adding it is the bonus", capability="C2",
+              style="script"),
+        Valid("q = z.softmax(-1)\nh = -(q * q.log()).sum(-1)\nl = pg - 0.01 * h.mean()\nl.backward()\n",
+              "an entropy with no telling name, subtracted", capability="C2", style="script"),
+        Valid("loss = pg_loss + entropy_weight * aux_loss\nloss.backward()\n",
+              "a coefficient named for the entropy scales another loss", capability="C2", style="functional"),
+        Valid("def loss_fn(teacher, student_logits, ce):\n"
+              "    entropy = -(teacher * student_logits.log_softmax(-1)).sum(-1)\n"
+              "    return ce + 0.1 * entropy.mean()\n",
+              "two different distributions: a cross-entropy to a teacher, not the policy's entropy",
+              capability="C2", style="functional"),
+        Valid("h = -(q * q.log()).sum(-1)\nl = pg - 0.01 * (h * w).sum() / w.sum().clamp(min=1)\nl.backward()\n",
+              "a masked mean of the entropy, by the mask's use, subtracted", capability="C2", style="script"),
     ]
     INVALID = [
         Invalid("loss = pg_loss + ent_coef * entropy.mean()\n", line=1,
@@ -90,21 +150,67 @@ class EntropyBonusSign(Rule):
         Invalid("loss += 0.01 * entropy\n", line=1, fixed="loss -= 0.01 * entropy\n"),
         Invalid("total_loss = pg_loss + vf_coef * vf_loss + self.entropy_coef * ent.mean()\n", line=1),
         Invalid("ent = dist.entropy()\nout = pg + c * ent\nout.backward()\n", line=2,
-                why="not named like a loss, but it is .backward()-ed"),
+                why="not named like a loss, but it is .backward()-ed", capability="C2", style="script"),
         Invalid("loss = pg_loss - ent_coef * (-entropy)\n", line=1, why="double negation is a penalty"),
         Invalid("h = entropy_from_logits(logits)\nloss = pg_loss + beta_ent * h.mean()\n", line=2,
                 why="entropy through an alias"),
         Invalid("entropy_loss = entropy.mean()\nloss = pg_loss + args.ent_coef * entropy_loss\nloss.backward()\n",
                 line=2, why="CleanRL spelling with the sign flipped: reported where the component joins the loss"),
+        Invalid("def token_entropy(p):\n"
+                "    return (p * torch.log(p)).sum(-1)\n\n"
+                "def pg_objective(lp, adv, p):\n"
+                "    loss = -(lp * adv).mean() - 0.01 * token_entropy(p).mean()\n"
+                "    return loss\n", line=2,
+                why="the helper returns sum(p log p), minus the entropy, and the loss subtracts it: reported in the "
+                    "helper", capability="C1", style="functional"),
+        Invalid("class Learner:\n"
+                "    def spread(self, probs):\n"
+                "        return (probs * probs.clamp(min=1e-8).log()).sum(dim=-1)\n\n"
+                "    def step(self, probs, pg_loss):\n"
+                "        ent = self.spread(probs)\n"
+                "        loss = pg_loss - self.ent_coef * ent.mean()\n"
+                "        loss.backward()\n", line=3,
+                why="a method returning minus the entropy, trusted as the entropy by its caller", capability="C1",
+                style="class"),
+        Invalid("def ent_and_stats(p):\n"
+                "    e = (p * torch.log(p + 1e-9)).sum(-1)\n"
+                "    return e, {'entropy': e.mean().item()}\n\n"
+                "def compute_loss(batch, cfg):\n"
+                "    ent, stats = ent_and_stats(batch['probs'])\n"
+                "    loss = batch['pg'] - cfg.ent_coef * ent.mean()\n"
+                "    return loss\n", line=2,
+                why="a tuple return unpacked: its first element is minus the entropy", capability="C1",
+                style="framework"),
+        Invalid("h = entropy_from_logits(z)\nh = masked_mean(h, m)\nloss = pg + 0.01 * h\nloss.backward()\n",
+                line=3, why="h = f(h) keeps the entropy, which is then added", capability="C1", style="script"),
+        Invalid("q = z.softmax(-1)\nh = -(q * q.log()).sum(-1)\nl = pg + 0.01 * h.mean()\nl.backward()\n", line=3,
+                why="an entropy known by its formula, not its name", capability="C2", style="script"),
+        Invalid("def objective(z, adv, lp):\n"
+                "    pr = torch.softmax(z, -1)\n"
+                "    spread = -(pr * torch.log_softmax(z, -1)).sum(-1)\n"
+                "    return -(lp * adv).mean() + 0.01 * spread.mean()\n", line=4,
+                why="softmax and log_softmax of the same logits: an entropy, added", capability="C2",
+                style="functional"),
+        Invalid("def loss_fn(out, cfg):\n"
+                "    pr = out['probs']\n"
+                "    out['spread'] = -(pr * torch.log(pr + 1e-9)).sum(-1)\n"
+                "    return out['pg'] + cfg.coef * out['spread'].mean()\n", line=4,
+                why="an entropy stored under a dict key with no telling name", capability="C2", style="framework"),
+        Invalid("h = -(q * q.log()).sum(-1)\nl = pg + 0.01 * (h * w).sum() / w.sum().clamp(min=1)\nl.backward()\n",
+                line=2, why="w is a mask by its use (it also counts the denominator): a masked mean of the entropy",
+                capability="C2", style="script"),
     ]
 
     def check(self, ctx: Analysis) -> Iterator[Violation]:
         yield from judge_terms(ctx, "entropy", want=-1, message=(
             "entropy is added to a minimised loss, so it is penalised, not rewarded; subtract the entropy "
-            "bonus (loss - c * entropy)"))
+            "bonus (loss - c * entropy)"), helper_message=(
+            "this computes sum(p * log p), minus the entropy, and the loss subtracts it as an entropy bonus, so "
+            "entropy is penalised; negate it: -(p * log p).sum(-1)"))
 
 
-def judge_terms(ctx: Analysis, kind: str, want: int, message: str) -> Iterator[Violation]:
+def judge_terms(ctx: Analysis, kind: str, want: int, message: str,
+                helper_message: str | None = None) -> Iterator[Violation]:
     """Every term of a minimised loss that is ``kind`` (an entropy, a KL estimate) entering with the sign opposite
     to ``want``, reported once where it joins a sum, with the sign flip as the fix where it is unambiguous."""
     quantity = quantities(ctx)
@@ -129,8 +235,39 @@ def judge_terms(ctx: Analysis, kind: str, want: int, message: str) -> Iterator[V
             net = term.sign * sign * found[0][1]
             if net == want:
                 continue
+            origin = negated_origin(ctx, kind, found[0][0], term.frame)
+            if origin is not None:
+                # a helper presents the negated quantity as the quantity, and its caller trusts it: the helper is
+                # where the sign goes wrong (an effect summary from its code, not its name)
+                if id(origin) not in reported:
+                    reported.add(id(origin))
+                    yield Violation(origin, helper_message or message)
+                continue
             stmt, value, operand = loss.joining(sink, term)
             if id(operand) in reported:
                 continue
             reported.add(id(operand))
+            helper = _negating_helper_elsewhere(ctx, quantity, sign_of, kind, found[0][0], term.frame)
+            if helper is not None:
+                role = "an entropy bonus" if kind == "entropy" else "a KL penalty"
+                yield Violation(operand, f"`{helper}` (another file of the tree) returns minus the {what(kind)}, and "
+                                         f"it enters this minimised loss with the sign of {role}, so it acts the "
+                                         "wrong way; fix the helper or the sign here")
+                continue
             yield Violation(operand, message, flip(stmt, value, operand))
+
+
+def what(kind: str) -> str:
+    return {"entropy": "entropy", "kl": "KL"}.get(kind, kind)
+
+
+def _negating_helper_elsewhere(ctx, quantity, sign_of, kind, expr, frame) -> str | None:
+    """The name of a function of another file whose summary says it returns minus ``kind``, when ``expr``'s value
+    is (a reduction of) its call."""
+    def stop(e, _frame):
+        return quantity._summarised(kind, e) is not None
+
+    terms = sign_of.terms(expr, frame, stop=stop)
+    if len(terms) == 1 and stop(terms[0].expr, None) and quantity._summarised(kind, terms[0].expr) == -1:
+        return ctx.code(terms[0].expr.func)
+    return None

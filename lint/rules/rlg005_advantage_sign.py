@@ -12,7 +12,7 @@ from rlguard.lint.analysis import Analysis
 from rlguard.lint.analysis import semantics as S
 from rlguard.lint.analysis.index import key_of
 from rlguard.lint.analysis.losses import losses, start, top_terms
-from rlguard.lint.analysis.roles import ratio_terms
+from rlguard.lint.analysis.roles import is_clip_weight, ratio_terms
 from rlguard.lint.analysis.signs import factors, min_max_kind, signs
 from rlguard.lint.analysis.terms import quantities
 from rlguard.lint.rule import Invalid, Rule, Valid, Violation
@@ -23,6 +23,9 @@ RATIO_NAME = re.compile(r"(?i)\w*ratios?\w*|rhos?|coef_[12]|is_weights?|importan
 # clip bounds, not ratios: verl's clip_ratio_c, clip_ratio_low/high
 NOT_RATIO_NAME = re.compile(r"(?i)\w*clip_?ratio\w*|\w*ratio_(c|low|high|max|min|eps|clip|range)")
 COEF_ROLES = ("entropy_coef", "kl_coef")
+# Objects that hold settings: an attribute read from one is a number, not a tensor.
+CONFIG_HEADS = frozenset({"cfg", "config", "args", "hparams", "opts", "options", "params", "settings", "conf",
+                          "loss_config", "algo_config", "training_args"})
 
 
 class AdvantageSign(Rule):
@@ -35,7 +38,12 @@ class AdvantageSign(Rule):
     - **surrogate not negated**: a loss that is minimised (named like a loss, or `.backward()`-ed) in which
       `ratio * A` (or `logp * A`, `logp * returns`) enters with a `+` sign: `loss = (ratio * adv).mean()`;
     - **PPO clip of the wrong sign**: the max of the surrogates `torch.max(ratio * A, clipped * A)`, or the min of
-      their negations `torch.min(-ratio * A, -clipped * A)`, whatever sign is put in front.
+      their negations `torch.min(-ratio * A, -clipped * A)`, whatever sign is put in front;
+    - **dual clip on every token**: the dual-clip bound `torch.min(clipped_loss, -c * A)` (or
+      `torch.max(objective, c * A)`) is meant for negative advantages; taken on every token, each
+      positive-advantage token's loss becomes the constant `-c * A`, with no gradient. Reported when the bounded
+      value reaches a minimised loss and the function never tests the sign of the advantages (`A < 0` in a
+      `torch.where` or a mask).
 
     The rule follows aliases, `self.` attributes and small helpers of the same module, so the TRL/OpenRLHF/CleanRL
     form (`pg_losses = -advantages * ratio; pg_losses2 = -advantages * torch.clamp(ratio, ...);
@@ -75,7 +83,8 @@ class AdvantageSign(Rule):
 
     code = "RLG005"
     # every branch starts with a literal (Python's re scans those fast); the rule checks the roles itself
-    triggers = (r"advantage|Advantage|adv(?:s\b|_|\b)|\*\s*-?\s*(?:A|returns?|rewards?)\b"
+    # (clamp/clip: a PPO clip names its advantages by their use, `min(r * x, r.clamp(lo, hi) * x)`)
+    triggers = (r"advantage|Advantage|adv(?:s\b|_|\b)|\*\s*-?\s*(?:A|returns?|rewards?)\b|clamp\(|clip\("
                 r"|(?:returns?|rewards?)\s*\*\s*\w*(?:ratio|log_?prob|logp)|A\s*\*\s*\w*(?:ratio|log_?prob|logp)")
 
     VALID = [
@@ -99,7 +108,54 @@ class AdvantageSign(Rule):
               "TRL GRPO: the positive per_token_loss1/2 only feed the min"),
         Valid("advantages = returns - values\nadvantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)\n",
               "PPO advantages and whitening"),
-        Valid("neg_adv = -advantages\nloss = (ratio * neg_adv).mean()\n", "negated once, undone once"),
+        Valid("neg_adv = -advantages\nloss = (ratio * neg_adv).mean()\n", "negated once, undone once",
+              capability="C1", style="script"),
+        Valid("def policy_loss(batch, cfg):\n"
+              "    adv = batch['advantages']\n"
+              "    ratio = torch.exp(batch['logp'] - batch['old_logp'])\n"
+              "    clipped = torch.max(-ratio * adv, -ratio.clamp(1 - cfg.eps, 1 + cfg.eps) * adv)\n"
+              "    bounded = torch.min(clipped, -cfg.dual_clip * adv)\n"
+              "    per_token = torch.where(adv < 0, bounded, clipped)\n"
+              "    return (per_token * batch['mask']).sum() / batch['mask'].sum()\n",
+              "dual clip selected where the advantage is negative", capability="FP", style="framework"),
+        Valid("class PPO:\n"
+              "    def loss(self, logp, old_logp, advantages):\n"
+              "        ratio = (logp - old_logp).exp()\n"
+              "        obj = torch.min(ratio * advantages, ratio.clamp(0.8, 1.2) * advantages)\n"
+              "        lower = torch.max(obj, self.clip_c * advantages)\n"
+              "        return -torch.where(advantages < 0, lower, obj).mean()\n",
+              "dual clip on the objective, applied to negative advantages only", capability="FP", style="class"),
+        Valid("r = (lp - lp_old).exp()\n"
+              "pl = torch.max(-r * adv, -r.clamp(0.8, 1.28) * adv)\n"
+              "neg = (adv < 0).float()\n"
+              "pl = neg * torch.min(pl, -3.0 * adv) + (1 - neg) * pl\n"
+              "pl.mean().backward()\n",
+              "dual clip blended by a mask of the negative advantages", capability="FP", style="script"),
+        Valid("q = (lp - lp_old).exp()\ns1 = q * g\ns2 = q.clamp(0.8, 1.2) * g\nl = -torch.min(s1, s2).mean()\n"
+              "l.backward()\n",
+              "g weighs both sides of the clip: the advantages by their use, here with the right sign",
+              capability="C2", style="script"),
+        Valid("class Learner:\n"
+              "    def step(self, batch):\n"
+              "        rho = torch.exp(self.logp(batch) - batch.behaviour_logp)\n"
+              "        gain = batch.score - batch.baseline\n"
+              "        obj = torch.min(rho * gain, rho.clamp(0.9, 1.1) * gain)\n"
+              "        (-obj.mean()).backward()\n",
+              "a clipped objective with an advantage named gain, negated into the loss", capability="C2",
+              style="class"),
+        Valid("m = torch.max(a * b, c * b)\nloss = m.mean()\nloss.backward()\n",
+              "a shared factor but no ratio and its clamp: not a PPO clip, so b is no advantage", capability="C2",
+              style="script"),
+        Valid("def expected_loss(weights, ratio, cfg):\n"
+              "    clipped_ratio = torch.clamp(ratio, 1 - cfg.eps_low, 1 + cfg.eps_high)\n"
+              "    l1 = -weights * ratio\n"
+              "    l2 = -weights * clipped_ratio\n"
+              "    worst = torch.maximum(l1, l2)\n"
+              "    floor = -weights * cfg.ratio_clip_c\n"
+              "    lower = torch.minimum(worst, floor)\n"
+              "    return torch.where(weights < 0, lower, worst).mean()\n",
+              "a dual-clip constant named like a ratio is a setting of the config, and the bound is selected for "
+              "negative advantages", capability="FP", style="framework"),
         Valid("class T:\n    def loss(self, ratio):\n        surr1 = ratio * self.adv\n"
               "        surr2 = ratio.clamp(0.8, 1.2) * self.adv\n"
               "        return -torch.min(surr1, surr2).mean()\n", "names, self attributes, returned"),
@@ -119,11 +175,56 @@ class AdvantageSign(Rule):
                 "pg_loss = torch.min(surr1, surr2).mean()\n", line=3, why="min of negated surrogates"),
         Invalid("class PPO:\n    def update(self, logp):\n        ratio = (logp - self.old_logp).exp()\n"
                 "        obj = ratio * self.advantages\n        self.optimizer.zero_grad()\n"
-                "        obj.mean().backward()\n", line=4, why="not named like a loss, but backward-ed"),
+                "        obj.mean().backward()\n", line=4, why="not named like a loss, but backward-ed",
+                capability="C2", style="class"),
         Invalid("advantages = values - returns\n", line=1, why="values minus returns"),
         Invalid("def reinforce_loss(log_probs, returns):\n    return (log_probs * returns).sum()\n"
                 "loss = reinforce_loss(lp, G_t)\nloss.backward()\n", line=3, why="through a helper"),
         Invalid("advantages *= -1\n", line=1, why="in-place negation"),
+        Invalid("def policy_loss(batch, cfg):\n"
+                "    adv = batch['advantages']\n"
+                "    ratio = torch.exp(batch['logp'] - batch['old_logp'])\n"
+                "    clipped = torch.max(-ratio * adv, -ratio.clamp(1 - cfg.eps, 1 + cfg.eps) * adv)\n"
+                "    bounded = torch.min(clipped, -cfg.dual_clip * adv)\n"
+                "    return (bounded * batch['mask']).sum() / batch['mask'].sum()\n", line=5,
+                why="dual clip on every token: positive-advantage tokens get the constant -c * A", capability="C9",
+                style="framework"),
+        Invalid("class PPO:\n"
+                "    def loss(self, logp, old_logp, advantages):\n"
+                "        ratio = (logp - old_logp).exp()\n"
+                "        obj = torch.min(ratio * advantages, ratio.clamp(0.8, 1.2) * advantages)\n"
+                "        obj = torch.max(obj, self.clip_c * advantages)\n"
+                "        return -obj.mean()\n", line=5,
+                why="the objective form: max with c * A on every token", capability="C9", style="class"),
+        Invalid("r = (lp - lp_old).exp()\n"
+                "pl = torch.max(-r * adv, -r.clamp(0.8, 1.28) * adv)\n"
+                "pl = torch.min(pl, -3.0 * adv)\n"
+                "pl.mean().backward()\n", line=3, why="a literal dual-clip constant, no selection",
+                capability="C9", style="script"),
+        Invalid("q = (lp - lp_old).exp()\ns1 = q * g\ns2 = q.clamp(0.8, 1.2) * g\nl = torch.max(s1, s2).mean()\n"
+                "l.backward()\n", line=4,
+                why="g weighs both sides of the clip, so it is the advantage: the max is the optimistic bound",
+                capability="C2", style="script"),
+        Invalid("def clipped_objective(logp, old, w, eps):\n"
+                "    ratio = torch.exp(logp - old)\n"
+                "    return -torch.min(-ratio * w, -torch.clamp(ratio, 1 - eps, 1 + eps) * w).mean()\n", line=3,
+                why="an advantage with no telling name, known from the clip", capability="C2", style="functional"),
+        Invalid("class Learner:\n"
+                "    def step(self, batch):\n"
+                "        rho = torch.exp(self.logp(batch) - batch.behaviour_logp)\n"
+                "        gain = batch.score - batch.baseline\n"
+                "        obj = torch.min(rho * gain, rho.clamp(0.9, 1.1) * gain)\n"
+                "        (obj.mean()).backward()\n", line=5,
+                why="a clipped objective backpropagated without its minus", capability="C2", style="class"),
+        Invalid("def policy_loss(weights, ratio, cfg):\n"
+                "    clipped_ratio = torch.clamp(ratio, 1 - cfg.eps_low, 1 + cfg.eps_high)\n"
+                "    l1 = -weights * ratio\n"
+                "    l2 = -weights * clipped_ratio\n"
+                "    worst = torch.maximum(l1, l2)\n"
+                "    floor = -weights * cfg.ratio_clip_c\n"
+                "    return torch.minimum(worst, floor).mean()\n", line=7,
+                why="the advantages (known from the clip) bound by the dual clip on every token", capability="C2",
+                style="framework"),
     ]
 
     def check(self, ctx: Analysis) -> Iterator[Violation]:
@@ -143,6 +244,9 @@ class AdvantageSign(Rule):
                 yield Violation(call, f"PPO clip takes the {form}: that is the optimistic bound, which removes the "
                                       "trust region; use -torch.min(ratio * A, clipped * A) or "
                                       "torch.max(-ratio * A, -clipped * A)")
+
+        # 1b. dual clip applied to every token: its constant bound -c * A is meant for A < 0 only
+        yield from _unguarded_dual_clips(ctx, judge)
 
         # 2. advantages negated
         negations = [stmt for stmt in _advantage_assignments(ctx) if judge.negates(stmt)]
@@ -207,10 +311,14 @@ class _Surrogates:
             return self.weight_sign(S.receiver(expr), frame)
         if isinstance(expr, cst.Subscript) and key_of(expr) is None:
             return self.weight_sign(expr.value, frame)
+        if name is not None and is_clip_weight(self.ctx, expr) and not self.is_ratio(expr, frame):
+            return 1  # weighs both sides of a PPO clip: the advantages by their use, whatever the name
         return None
 
     def is_ratio(self, expr, frame=None, depth: int = 4) -> bool:
         name = _name_of(expr)
+        if isinstance(expr, cst.Attribute) and CONFIG_HEADS & set(self.ctx.code(expr.value).split(".")):
+            return False  # cfg.ratio_clip_c, self.config.clip_ratio: a setting, never the ratio tensor
         if name is not None and RATIO_NAME.fullmatch(name) and not NOT_RATIO_NAME.fullmatch(name):
             return True
         if isinstance(expr, cst.Call):
@@ -341,3 +449,76 @@ def _source_sign(ctx: Analysis, expr: cst.BaseExpression, depth: int) -> int | N
 
 def _weighted(sign: int, inner: int | None) -> int | None:
     return None if inner is None else sign * inner
+
+
+def _dual_clip_bound(ctx: Analysis, judge: "_Surrogates", expr, frame=None) -> int | None:
+    """The sign of ``c * A`` (a scalar bound times the advantages, no ratio): dual clip's constant bound. A name is
+    followed to its one plain assignment (``pg_losses3 = -c * A``)."""
+    for _ in range(3):
+        key = key_of(expr)
+        defs = ctx.flow.reaching(key, expr) if key is not None else []
+        if len(defs) != 1 or defs[0].kind != "assign" or defs[0].element is not None or defs[0].value is None:
+            break
+        expr = defs[0].value
+    sign, facs = factors(expr)
+    weights = [judge.weight_sign(f, frame) for f in facs]
+    if sum(w is not None for w in weights) != 1 or len(facs) < 2:
+        return None
+    for f, w in zip(facs, weights):
+        if w is not None:
+            continue
+        if judge.is_ratio(f, frame) or not (S.number_value(f) is not None or key_of(f) is not None):
+            return None  # a ratio or a tensor computation: a surrogate, not a constant bound
+        scale = judge.signs.scale(f, frame)
+        if scale == -1:
+            sign = -sign
+    return sign * next(w for w in weights if w is not None)
+
+
+def _compares_advantages(ctx: Analysis, judge: "_Surrogates", func) -> bool:
+    """Whether the function tests the sign of the advantages anywhere (``A < 0``, ``torch.where(adv > 0, ...)``,
+    ``adv.lt(0)``): the dual-clip bound is then selected per token."""
+    nodes = ctx.index.descendants(func, cst.Comparison) if func is not None else ctx.nodes(cst.Comparison)
+    for comp in nodes:
+        sides = [comp.left] + [c.comparator for c in comp.comparisons]
+        if any(judge.weight_sign(side) is not None for side in sides) and any(
+                S.number_value(side) == 0 for side in sides):
+            return True
+    calls = ctx.index.descendants(func, cst.Call) if func is not None else ctx.nodes(cst.Call)
+    for call in calls:
+        if ctx.method(call) in ("lt", "gt", "le", "ge", "sign") and judge.weight_sign(S.receiver(call)) is not None:
+            return True
+        if ctx.call_name(call) == "torch.sign" and call.args and judge.weight_sign(call.args[0].value) is not None:
+            return True
+    return False
+
+
+def _unguarded_dual_clips(ctx: Analysis, judge: "_Surrogates") -> Iterator[Violation]:
+    """Dual-clip PPO bounds the clipped loss by ``-c * A`` (``torch.min(clipped_loss, -c * A)``, or ``max(.., c * A)``
+    on the objective) for negative advantages only; taken on every token it replaces the loss of each
+    positive-advantage token by a constant, with no gradient. Reported when the bounded value reaches a minimised
+    loss and the function never tests the sign of the advantages."""
+    loss = losses(ctx)
+    sign_of = signs(ctx)
+    sinks = None
+    for call in ctx.nodes(cst.Call):
+        kind = min_max_kind(ctx, call)
+        if kind is None:
+            continue
+        args = [arg.value for arg in call.args]
+        for bound_arg, other in ((args[0], args[1]), (args[1], args[0])):
+            bound = _dual_clip_bound(ctx, judge, bound_arg)
+            surrogate = judge.surrogate_sign(other) if bound is not None else None
+            if surrogate is None or bound != surrogate or kind != ("min" if bound < 0 else "max"):
+                continue
+            if _compares_advantages(ctx, judge, ctx.enclosing_function(call)):
+                break
+            if sinks is None:
+                sinks = [(sink, sink.terms(sign_of, judge.stop)) for sink in loss.sinks()]
+            reached = any(ctx.contains(call, t.expr) or any(ctx.contains(call, read) for read, _ in t.via)
+                          for _, terms in sinks for t in terms)
+            if reached:
+                yield Violation(call, "dual-clip bound applied to every token: for a positive advantage -c * A is "
+                                      "below the clipped loss, so those tokens get a constant loss and no gradient; "
+                                      "apply it where A < 0: torch.where(A < 0, torch.min(clipped, -c * A), clipped)")
+            break

@@ -36,7 +36,15 @@ class KlSign(Rule):
     `reward - beta * (logp - ref_logp)` and `reward + beta * (ref_logp - logp)` are both correct, and so is
     verl's k3 estimator written from `kl = ref_logp - logp` (`kld = exp(kl) - kl - 1`). When no reference
     log-probs are visible, it trusts the name (`kl`, `kl_div`, `per_token_kl`, `kl_penalty(...)`), ignoring
-    coefficients (`kl_coef`, `beta`, `kl_ctl`).
+    coefficients (`kl_coef`, `beta`, `kl_ctl`, `kl_div_loss_weight`).
+
+    A KL written out over whole distributions, `(p * (log p - log q)).sum(-1)` or `p * log(p / q)`, is
+    `KL(p || q) >= 0` whichever of `p`, `q` is the policy, so its sign needs no names; with the logs swapped it
+    is minus the KL. A helper computing the swapped form that its caller adds to the loss as a penalty is
+    reported in the helper.
+
+    A KL to the *old* (behaviour) policy estimated from its samples, `old_logp - logp`, is `KL(old || cur)`'s k1
+    estimate and is not judged against the reference convention.
 
     ## Why it is wrong
     The KL term keeps the policy near the reference model. With the wrong sign it *rewards* moving away: the KL to
@@ -70,7 +78,8 @@ class KlSign(Rule):
     """
 
     code = "RLG011"
-    triggers = r"kl(?:_|\b)|_kl|ref_?log|ref_per_token|reference_log"
+    # a KL by name or reference log-probs, or a KL written out over distributions (it needs logs)
+    triggers = r"kl(?:_|\b)|_kl|ref_?log|ref_per_token|reference_log|log\(|log_softmax"
     fixable = True
 
     VALID = [
@@ -87,32 +96,61 @@ class KlSign(Rule):
               "per_token_logps) - 1\nper_token_loss = -(per_token_loss - self.beta * per_token_kl)\n",
               "old TRL GRPO: minus (objective - beta * kl)"),
         Valid("def kl_penalty(lp, ref_lp):\n    return lp - ref_lp\nloss = pg_loss + beta * kl_penalty(lp, ref_lp)\n",
-              "through a helper"),
+              "through a helper", capability="C1", style="functional"),
         Valid("stats['kl'] = (logp - ref_logp).mean().item()\nloss = pg_loss - ent_coef * entropy\n",
               "KL only logged"),
         Valid("if cfg.algorithm.use_kl_in_reward:\n"
               "    self.kl_controller_for_reward = algos.make_kl_controller(cfg.algorithm.kl_ctrl)\n",
-              "a KL controller object stored under a reward-ish name: no tensor, no sum"),
+              "a KL controller object stored under a reward-ish name: no tensor, no sum", capability="FP",
+              style="framework"),
         Valid("def kl_value(logp, ref_logp, mode):\n"
               "    forward_score = kl_estimate(logp, ref_logp, mode)\n"
               "    backward_score = 0.5 * (logp - ref_logp).square()\n"
               "    return backward_score - backward_score.detach() + forward_score.detach()\n",
-              "a straight-through KL estimator's own values named *_score"),
+              "a straight-through KL estimator's own values named *_score", capability="FP", style="functional"),
         Valid("implicit_reward = beta * (policy_logps - ref_logps)\n"
               "loss = ((implicit_reward - (rewards - v_star)) ** 2).mean()\n",
-              "a preference-learning implicit reward regressed onto a target: a definition, not a penalty"),
+              "a preference-learning implicit reward regressed onto a target: a definition, not a penalty",
+              capability="FP", style="script"),
         Valid("penalty = coef * -log_ratio\n"
               "penalty = [p[s:e] for p, s, e in zip(penalty, starts, ends)]\n"
               "for i in range(n):\n"
               "    rewards = penalty[i]\n"
               "    rewards[-1] += scores[i]\n",
-              "the negation is visible where the penalty is built; a comprehension rebinding does not undo it"),
+              "the negation is visible where the penalty is built; a comprehension rebinding does not undo it",
+              capability="FP", style="script"),
         Valid("def distill_loss(ref_logprobs, logprobs, ratio, keep):\n"
               "    gap = ref_logprobs - logprobs\n"
               "    obj = keep * gap.detach() * ratio\n"
               "    per_token = -obj\n"
               "    return per_token.sum()\n",
-              "on-policy distillation: the log-ratio weights the ratio (REINFORCE of reverse KL), negated downstream"),
+              "on-policy distillation: the log-ratio weights the ratio (REINFORCE of reverse KL), negated downstream",
+              capability="FP", style="functional"),
+        Valid("def kl(p, q):\n"
+              "    d = torch.log(p) - torch.log(q)\n"
+              "    return (p * d).sum(-1)\n\n"
+              "l = pg + beta * kl(pi, pi0).mean()\nl.backward()\n",
+              "a helper writing out KL(p || q), added to the loss", capability="C1", style="script"),
+        Valid("neg_kl = (p * (q.log() - p.log())).sum(-1)\nloss = pg - beta * neg_kl.mean()\nloss.backward()\n",
+              "minus the KL, subtracted: the penalty is added", capability="C2", style="script"),
+        Valid("class Tuner:\n"
+              "    def update(self, p, q, pg):\n"
+              "        gap = (q * torch.log(q / p)).sum(-1)\n"
+              "        total = pg + self.kl_div_loss_weight * gap.mean()\n"
+              "        total.backward()\n",
+              "a KL with no telling name, added; its coefficient is named for the KL", capability="C2", style="class"),
+        Valid("class Actor:\n"
+              "    def kl_penalty(self, lp, ref_lp):\n"
+              "        return lp - ref_lp\n\n"
+              "    def loss(self, pg_loss, logprobs, ref_logprobs):\n"
+              "        return pg_loss + self.beta * self.kl_penalty(logprobs, ref_logprobs).mean()\n",
+              "a same-class KL helper called with the policy's log-probs first", capability="C2", style="class"),
+        Valid("def divergence(p_new, p_old, m):\n"
+              "    per_tok = (p_new * (torch.log(p_new) - torch.log(p_old))).sum(dim=-1)\n"
+              "    return (per_tok * m).sum() / m.sum()\n\n"
+              "l = pg + beta * divergence(p, p0, m)\nl.backward()\n",
+              "a masked KL(p_new || p_old), its mask known by its use, added", capability="C2",
+              style="functional"),
     ]
     INVALID = [
         Invalid("loss = pg_loss - kl_coef * kl\n", line=1, fixed="loss = pg_loss + kl_coef * kl\n"),
@@ -132,12 +170,56 @@ class KlSign(Rule):
         Invalid("kl = ref_logp - logp\nloss = policy_loss + beta * kl.mean()\n", line=2,
                 why="kl written as ref - logp, then added: -KL in the loss"),
         Invalid("non_score_reward = kl_coef * (logprobs - ref_logprobs)\n", line=1, why="positive non-score reward"),
+        Invalid("def kl(p, q):\n"
+                "    d = torch.log(q) - torch.log(p)\n"
+                "    return (p * d).sum(-1)\n\n"
+                "l = pg + beta * kl(pi, pi0).mean()\nl.backward()\n", line=3,
+                why="the helper's logs are swapped (minus KL), and the loss adds it: reported in the helper",
+                capability="C1", style="script"),
+        Invalid("def masked_divergence(p_new, p_old, mask):\n"
+                "    per_tok = (p_new * (safe_log(p_old) - safe_log(p_new))).sum(dim=-1)\n"
+                "    return (per_tok * mask).sum() / mask.sum()\n\n"
+                "def safe_log(t, eps=1e-12):\n"
+                "    return torch.log(t.clamp(min=eps))\n\n"
+                "class Trainer:\n"
+                "    def step(self, p_new, p_old, m, pg_loss):\n"
+                "        loss = pg_loss + self.kl_weight * masked_divergence(p_new, p_old, m)\n"
+                "        self.accelerator.backward(loss)\n", line=2,
+                why="a log helper of the module, summarised from its code", capability="C1", style="class"),
+        Invalid("def divergence(p_new, p_old, m):\n"
+                "    per_tok = (p_new * (torch.log(p_old) - torch.log(p_new))).sum(dim=-1)\n"
+                "    return (per_tok * m).sum() / m.sum()\n\n"
+                "l = pg + beta * divergence(p, p0, m)\nl.backward()\n", line=2,
+                why="m is a mask by its use, not its name", capability="C2", style="functional"),
+        Invalid("d = (p * (p.log() - p0.log())).sum(-1)\nout = pg - beta * d.mean()\nout.backward()\n", line=2,
+                why="a KL known by its formula, subtracted", capability="C2", style="script"),
+        Invalid("class Tuner:\n"
+                "    def update(self, p, q, pg):\n"
+                "        gap = (q * torch.log(q / p)).sum(-1)\n"
+                "        total = pg - self.c * gap.mean()\n"
+                "        total.backward()\n", line=4,
+                why="KL(q || p) written as q * log(q / p), subtracted", capability="C2", style="class"),
+        Invalid("def kl_term(batch, cfg):\n"
+                "    cur, old = batch['probs'], batch['old_probs']\n"
+                "    return (old * (torch.log(cur) - torch.log(old))).sum(-1).mean()\n\n"
+                "def compute_loss(batch, cfg):\n"
+                "    return batch['pg_loss'] + cfg.kl_coef * kl_term(batch, cfg)\n", line=3,
+                why="the old distribution weights log cur - log old: minus KL(old || cur), added",
+                capability="C2", style="framework"),
+        Invalid("def kl_penalty(lp, ref_lp):\n"
+                "    return lp - ref_lp\n\n"
+                "def actor_loss(pg_loss, ref_logprobs, logprobs, beta):\n"
+                "    return pg_loss + beta * kl_penalty(ref_logprobs, logprobs).mean()\n", line=5,
+                why="the arguments are passed the wrong way round: the call site's values win over the helper's "
+                    "parameter names", capability="C2", style="functional"),
     ]
 
     def check(self, ctx: Analysis) -> Iterator[Violation]:
         yield from judge_terms(ctx, "kl", want=1, message=(
             "the KL penalty is subtracted from a minimised loss, so the update moves away from the reference; "
-            "add it: loss = pg_loss + kl_coef * kl"))
+            "add it: loss = pg_loss + kl_coef * kl"), helper_message=(
+            "this computes p * (log q - log p), minus KL(p || q), and the loss adds it as a KL penalty, so the "
+            "update is paid to diverge; swap the logs: p * (log p - log q)"))
         yield from _reward_terms(ctx)
 
 

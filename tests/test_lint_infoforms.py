@@ -1,0 +1,139 @@
+"""Entropy and KL written out over whole distributions (``lint/analysis/infoforms.py``): the form and its sign from
+the formula, through log helpers and single definitions, and what a helper's negated form does at its callers
+(RLG004, RLG011): reported in the helper when the caller trusts it, silent when the signs agree."""
+
+from __future__ import annotations
+
+import textwrap
+
+import libcst as cst
+import pytest
+
+from rlguard.lint import all_rules, lint_source
+from rlguard.lint.analysis import Analysis
+from rlguard.lint.analysis.infoforms import forms
+
+
+def _products(source: str):
+    a = Analysis(cst.parse_module(textwrap.dedent(source)))
+    f = forms(a)
+    found = []
+    for node in a.nodes(cst.BinaryOperation):
+        form = f.form(node)
+        if form is not None:
+            found.append((form.kind, form.sign))
+    return found
+
+
+@pytest.mark.parametrize("source, expected", [
+    ("h = -(p * torch.log(p)).sum(-1)\n", [("entropy", -1)]),  # the product is minus the entropy; the minus restores it
+    ("h = (p * p.log()).sum(dim=-1)\n", [("entropy", -1)]),
+    ("h = (-(p * p.log())).sum(dim=-1)\n", [("entropy", -1)]),  # the product's own sign; the minus is outside
+    ("h = (-p * p.log()).sum(dim=-1)\n", [("entropy", 1)]),
+    ("h = torch.sum(q * torch.log(q.clamp(min=1e-8)), dim=-1)\n", [("entropy", -1)]),
+    ("h = (p * torch.log(p + 1e-9)).sum(-1)\n", [("entropy", -1)]),
+    ("q = z.softmax(-1)\nh = (q * z.log_softmax(-1)).sum(-1)\n", [("entropy", -1)]),
+    ("k = (p * (p.log() - q.log())).sum(-1)\n", [("kl", 1)]),
+    ("k = (p * (q.log() - p.log())).sum(-1)\n", [("kl", -1)]),
+    ("k = (q * torch.log(q / p)).sum(-1)\n", [("kl", 1)]),
+    ("d = torch.log(q) - torch.log(p)\nk = (p * d).sum(-1)\n", [("kl", -1)]),
+    ("def log(t, eps=1e-20):\n    return torch.log(t.clamp(min=eps))\n\nk = (a * (log(a) - log(b))).sum(-1)\n",
+     [("kl", 1)]),
+])
+def test_forms_and_signs(source, expected):
+    assert _products(source) == expected
+
+
+@pytest.mark.parametrize("source", [
+    "h = (p * torch.log(r)).sum(-1)\n",           # two different values: a cross-entropy, not an entropy
+    "h = (p * torch.log(p)).sum(1)\n",            # not the last axis
+    "h = (p * torch.log(p)).mean()\n",            # no sum over the distribution
+    "h = (p * lib.safe_log(p)).sum(-1)\n",        # a log the linter cannot read
+    "k = (p * (q.log() - r.log())).sum(-1)\n",    # p weights neither log
+])
+def test_not_a_form(source):
+    assert _products(source) == []
+
+
+RULES = [all_rules()[c] for c in ("RLG004", "RLG011")]
+
+
+def _findings(source):
+    return [(f.code, f.line) for f in lint_source(textwrap.dedent(source), "trainer.py", rules=RULES).findings]
+
+
+def test_negated_helper_reported_once_in_the_helper_for_every_caller():
+    source = '''
+        def token_entropy(p):
+            return (p * torch.log(p)).sum(-1)
+
+        def actor_loss(lp, adv, p):
+            loss = -(lp * adv).mean() - 0.01 * token_entropy(p).mean()
+            return loss
+
+        def aux_loss(p, ce):
+            loss = ce - 0.1 * token_entropy(p).mean()
+            return loss
+    '''
+    assert _findings(source) == [("RLG004", 3)]
+
+
+def test_negated_helper_added_by_its_caller_is_a_bonus():
+    source = '''
+        def token_entropy(p):
+            return (p * torch.log(p)).sum(-1)
+
+        def actor_loss(lp, adv, p):
+            loss = -(lp * adv).mean() + 0.01 * token_entropy(p).mean()
+            return loss
+    '''
+    assert _findings(source) == []
+
+
+def test_kl_helper_with_swapped_logs_reported_in_the_helper():
+    source = '''
+        def log(t, eps=1e-20):
+            return torch.log(t.clamp(min=eps))
+
+        def masked_kl_div(p, q, mask):
+            kl = (p * (log(q) - log(p))).sum(dim=-1)
+            return (kl * mask).sum() / mask.sum()
+
+        class Trainer:
+            def learn(self, p, q, mask, pg_loss):
+                kl_loss = masked_kl_div(p, q, mask) * self.kl_div_loss_weight
+                loss = pg_loss.mean() + kl_loss
+                self.accelerator.backward(loss)
+    '''
+    assert _findings(source) == [("RLG011", 6)]
+    fixed = source.replace("(log(q) - log(p))", "(log(p) - log(q))")
+    assert _findings(fixed) == []
+
+
+def test_negated_helper_in_another_file_of_the_tree(tmp_path, monkeypatch):
+    from rlguard.lint.config import Layer, load_config
+    from rlguard.lint.runner import run
+
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "infos.py").write_text(textwrap.dedent('''
+        import torch
+
+        def token_entropy(p):
+            return (p * torch.log(p)).sum(-1)
+
+        def kl_div(p, q):
+            return (p * (torch.log(p) - torch.log(q))).sum(-1)
+    '''))
+    (pkg / "train.py").write_text(textwrap.dedent('''
+        from pkg.infos import token_entropy, kl_div
+
+        def actor_loss(lp, adv, p, q):
+            loss = -(lp * adv).mean() - 0.01 * token_entropy(p).mean() + 0.1 * kl_div(p, q).mean()
+            return loss
+    '''))
+    monkeypatch.chdir(tmp_path)
+    config = load_config([tmp_path], cli=Layer(select=["RLG004", "RLG011"]), isolated=True)
+    found = [(f.code, f.path.replace("\\", "/"), f.line) for f in run(["."], config, cache=False).findings]
+    assert found == [("RLG004", "pkg/train.py", 5)]  # the entropy helper is negated; the KL one is right
