@@ -8,7 +8,6 @@ tests, as Fixit does: code the rule must not flag, and code it must flag.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar, Iterator
 

@@ -52,7 +52,7 @@ def _tagged(kind, capability):
 
 # Classes whose examples have not all landed yet. Each is expected to fail, strictly: once a class is covered its
 # XPASS fails the run, so it must leave this set; nothing here can hide a class that loses its examples.
-PENDING = frozenset({"C1", "C2", "C3", "C4", "C5", "C6", "C7", "C8", "C9", "C10", "C11", "C12", "FP"})
+PENDING: frozenset[str] = frozenset()
 
 
 def _expected(capability):

@@ -346,7 +346,6 @@ class AlignFacet(Facet):
     def _call(self, trace, call: cst.Call, frame):
         a = self.a
         side = self.side
-        func = call.func
         qname = a.call_name(call)
         method = a.method(call)
         if side == "logits" and self.is_model_call(call, frame):

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from rlguard.lint.analysis.index import COMPREHENSIONS, Def, ModuleIndex, dotted_name, key_base, children
+from rlguard.lint.analysis.index import COMPREHENSIONS, Def, ModuleIndex, dotted_name, key_base
 
 # A key path whose container was handed to code the analysis cannot see: its value is unknown.
 ESCAPED = Def("<escaped>", "escaped", None, cst.Pass(), cst.Module([]), -1)

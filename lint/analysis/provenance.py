@@ -85,7 +85,6 @@ class ObjectFacet(Facet):
         return frozenset(replace(o, names=o.names + (name,)) if name not in o.names else o for o in objs)
 
     def node(self, trace, expr, frame):
-        a = self.a
         if isinstance(expr, (cst.Name, cst.Attribute, cst.Subscript)) and key_of(expr) is not None:
             named = trace.named(expr, frame)
             if isinstance(named, Tup):

@@ -90,7 +90,6 @@ class Signs:
         atom = [Term(1, expr, frame, ())]
         if stop is not None and stop(expr, frame):
             return atom
-        a = self.a
         # operators and reductions cost no depth: only names and helpers (what can cycle or explode) do
         rec = lambda e, f=frame: self.terms(e, f, stop, depth)  # noqa: E731
         if isinstance(expr, cst.UnaryOperation):

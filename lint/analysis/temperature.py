@@ -26,7 +26,6 @@ from typing import TYPE_CHECKING
 
 import libcst as cst
 
-from rlguard.lint.analysis.index import dotted_name
 
 if TYPE_CHECKING:
     from rlguard.lint.analysis import Analysis

@@ -7,13 +7,14 @@ from typing import Iterator
 
 import libcst as cst
 
+from rlguard.catalog import MASK_NOT_SHIFTED
 from rlguard.lint.analysis import Analysis, dotted_name
 from rlguard.lint.analysis import semantics as S
 from rlguard.lint.analysis.alignment import (ATTENTION_NAME, LIKE_FUNCTIONS, OWNER_NAME, ROOT_IDS, ROOT_LOGITS,
                                              ROOT_TOKEN, ROOT_UNKNOWN, Align,
                                              alignment, gather_site, gather_sites, token_values)
 from rlguard.lint.analysis.grad import call_sites
-from rlguard.lint.analysis.index import key_of, children
+from rlguard.lint.analysis.index import children
 from rlguard.lint.analysis.records import records_by_function
 from rlguard.lint.analysis.roles import names_along
 from rlguard.lint.analysis.values import Frame
@@ -87,7 +88,7 @@ class MaskNotShifted(Rule):
     `[tool.rlguard.names]` `mask = [...]`, `logp = [...]` and `ids = [...]` add your own names.
     """
 
-    code = "RLG001"
+    code = MASK_NOT_SHIFTED
     # a mask, and a time-axis slice, pad or roll somewhere: what any mismatch the rule can prove needs
     triggers = (r"mask", r"\[\s*:\s*,|\[\s*\.\.\.\s*,|\.pad\(|roll\(|\[\s*-")
 

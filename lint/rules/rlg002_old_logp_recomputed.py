@@ -6,6 +6,7 @@ from typing import Iterator
 
 import libcst as cst
 
+from rlguard.catalog import OLD_LOGP_RECOMPUTED
 from rlguard.lint.analysis import Analysis, dotted_name
 from rlguard.lint.analysis import semantics as S
 from rlguard.lint.analysis.callers import runs_per_update
@@ -70,7 +71,7 @@ class OldLogpRecomputed(Rule):
     `[tool.rlguard.names]` `old_logp = [...]` and `policy = [...]` add your own names.
     """
 
-    code = "RLG002"
+    code = OLD_LOGP_RECOMPUTED
     # a log-prob name (old log-probs by name) or an exp (old log-probs by their use in a ratio)
     triggers = r"(?i)log_?p|_lps?\b|exp\("
 

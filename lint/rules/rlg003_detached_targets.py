@@ -7,9 +7,10 @@ from typing import Iterator
 
 import libcst as cst
 
+from rlguard.catalog import DETACHED_TARGETS
 from rlguard.lint.analysis import Analysis, dotted_name
 from rlguard.lint.analysis.index import Def
-from rlguard.lint.analysis.provenance import FORWARD, forwards
+from rlguard.lint.analysis.provenance import forwards
 from rlguard.lint.analysis.roles import hinted_role, in_model_code, is_backpropagated
 from rlguard.lint.rule import Invalid, Rule, Valid, Violation
 
@@ -60,7 +61,7 @@ class DetachedTargets(Rule):
     names for these tensors and models.
     """
 
-    code = "RLG003"
+    code = DETACHED_TARGETS
     # a target's name: log-probs, advantages, returns (the rule needs one, assigned from a forward)
     triggers = r"(?i)log_?p|adv|\breturns\b|value_targets|\bgae\b"
     fixable = True

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Iterator
 
-import libcst as cst
 
+from rlguard.catalog import ENTROPY_BONUS_SIGN
 from rlguard.lint.analysis import Analysis
 from rlguard.lint.analysis.infoforms import negated_origin
 from rlguard.lint.analysis.losses import flip, losses, sink_name
@@ -55,7 +55,7 @@ class EntropyBonusSign(Rule):
     `[tool.rlguard.names]` `entropy = [...]` adds your own names for entropy tensors.
     """
 
-    code = "RLG004"
+    code = ENTROPY_BONUS_SIGN
     # an entropy by name, or one written out over a distribution (it needs a log: `(p * p.log()).sum(-1)`)
     triggers = r"(?i)entrop|\bent\b|log\(|log_softmax"
     fixable = True

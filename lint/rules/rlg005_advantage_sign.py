@@ -8,6 +8,7 @@ from typing import Iterator
 
 import libcst as cst
 
+from rlguard.catalog import ADVANTAGE_SIGN
 from rlguard.lint.analysis import Analysis
 from rlguard.lint.analysis import semantics as S
 from rlguard.lint.analysis.index import key_of
@@ -81,7 +82,7 @@ class AdvantageSign(Rule):
     tensors.
     """
 
-    code = "RLG005"
+    code = ADVANTAGE_SIGN
     # every branch starts with a literal (Python's re scans those fast); the rule checks the roles itself
     # (clamp/clip: a PPO clip names its advantages by their use, `min(r * x, r.clamp(lo, hi) * x)`)
     triggers = (r"advantage|Advantage|adv(?:s\b|_|\b)|\*\s*-?\s*(?:A|returns?|rewards?)\b|clamp\(|clip\("

@@ -7,6 +7,7 @@ from typing import Iterator
 
 import libcst as cst
 
+from rlguard.catalog import ACCUMULATION_SCALE
 from rlguard.lint.analysis import Analysis, dotted_name
 from rlguard.lint.analysis import accumulation as A
 from rlguard.lint.analysis import semantics as S
@@ -106,7 +107,7 @@ class AccumulationScale(Rule):
     `[tool.rlguard.names]` `mask = [...]` adds your own names for loss masks.
     """
 
-    code = "RLG006"
+    code = ACCUMULATION_SCALE
     # both a backward and some accumulation vocabulary (lookaheads at the start: one linear scan each)
     triggers = (r"(?i)\.backward\s*\(", r"(?i)accum|micro|\.chunk\(|\.split\(|\bmbs?\b|\bparts\b|\bn_chunks\b")
 

@@ -8,6 +8,7 @@ from typing import Iterator
 
 import libcst as cst
 
+from rlguard.catalog import SAMPLER_TRAINER_MISMATCH
 from rlguard.lint.analysis import Analysis, dotted_name
 from rlguard.lint.analysis.alignment import gather_site
 from rlguard.lint.analysis.grad import grad_context
@@ -119,7 +120,7 @@ class SamplerTrainerMismatch(Rule):
     `[tool.rlguard.names]` `old_logp = [...]` adds your own names for stored sampler log-probs.
     """
 
-    code = "RLG007"
+    code = SAMPLER_TRAINER_MISMATCH
     triggers = (r"temperature|\btemp\b|multinomial|autocast|Categorical",
                 r"log_?probs?|logps?\b|_logp|gather|log_softmax|cross_entropy|def \w*(?:rollout|collect)")
 

@@ -3,14 +3,14 @@ trained by the optimizer, PEFT adapter left on)."""
 
 from __future__ import annotations
 
-import re
 from typing import Iterator
 
 import libcst as cst
 
+from rlguard.catalog import REFERENCE_ALIAS
 from rlguard.lint.analysis import Analysis
 from rlguard.lint.analysis import semantics as S
-from rlguard.lint.analysis.index import key_of, children
+from rlguard.lint.analysis.index import children
 from rlguard.lint.analysis.provenance import Tup, models, objects
 from rlguard.lint.analysis.reference import constant_routings, policy_reference_outputs, unused_selections
 from rlguard.lint.rule import Invalid, Rule, Valid, Violation
@@ -77,7 +77,7 @@ class ReferenceAlias(Rule):
     policy.
     """
 
-    code = "RLG008"
+    code = REFERENCE_ALIAS
     # every branch starts with a literal (fast to scan): a reference-model name, or a bare `ref = <policy-ish>`
     triggers = (r"ref(?:erence)?(?:_?(?:model|policy|net|module|actor|lm)\b|\s*=\s*[^=\n]*(?:model|policy|actor|"
                 r"copy\(|net\b|agent)|\.(?:named_)?parameters\(|\.load_state_dict)|frozen_(?:model|policy)"

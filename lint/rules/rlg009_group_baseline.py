@@ -8,6 +8,7 @@ from typing import Iterator
 
 import libcst as cst
 
+from rlguard.catalog import GROUP_BASELINE
 from rlguard.lint.analysis import Analysis, dotted_name
 from rlguard.lint.analysis import semantics as S
 from rlguard.lint.analysis.grad import call_sites
@@ -91,7 +92,7 @@ class GroupBaseline(Rule):
     `[tool.rlguard.names]` `rewards = [...]` adds your own names for reward tensors.
     """
 
-    code = "RLG009"
+    code = GROUP_BASELINE
     # a group statistic (mean/std/var) and a group size named somewhere (or a repeat_interleave spreading it)
     triggers = (r"(?:mean|std|var)\(",
                 r"(?i)group_?size|generations|samples_per|num_samples|n_samples|rollouts?_per|responses_per|"
@@ -782,8 +783,8 @@ class _Groups:
         dim = dim + ndim if dim is not None and dim < 0 else dim
         if ndim != 2:
             if kind == "PG" and dim == 0:
-                return Violation(call, f"the view puts the group's samples on axis 1 (one group per row); take group "
-                                       f"statistics over dim=1, not dim=0")
+                return Violation(call, "the view puts the group's samples on axis 1 (one group per row); take group "
+                                       "statistics over dim=1, not dim=0")
             return None
         if kind == "PG" and dim == 0:
             return Violation(call, f"view(-1, {group_text}) puts one group per row (samples of a prompt are "

@@ -6,6 +6,7 @@ from typing import Iterator
 
 import libcst as cst
 
+from rlguard.catalog import LENGTH_BIAS
 from rlguard.lint.analysis import Analysis
 from rlguard.lint.analysis import semantics as S
 from rlguard.lint.analysis.index import key_of
@@ -65,7 +66,7 @@ class LengthBias(Rule):
     `# noqa: RLG010`.
     """
 
-    code = "RLG010"
+    code = LENGTH_BIAS
     severity = "info"
     triggers = (r"mask\w*\s*\)?\s*\.sum\(\s*(?:dim\s*=\s*|axis\s*=\s*)?-?1\b|masked_mean\("
                 r"|torch\.sum\(\s*\w*mask")

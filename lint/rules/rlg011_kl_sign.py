@@ -7,8 +7,9 @@ from typing import Iterator
 
 import libcst as cst
 
+from rlguard.catalog import KL_SIGN
 from rlguard.lint.analysis import Analysis
-from rlguard.lint.analysis.losses import flip, losses, top_terms
+from rlguard.lint.analysis.losses import flip, top_terms
 from rlguard.lint.analysis.signs import factors, signs
 from rlguard.lint.analysis.terms import quantities
 from rlguard.lint.rule import Invalid, Rule, Valid, Violation
@@ -77,7 +78,7 @@ class KlSign(Rule):
     names.
     """
 
-    code = "RLG011"
+    code = KL_SIGN
     # a KL by name or reference log-probs, or a KL written out over distributions (it needs logs)
     triggers = r"kl(?:_|\b)|_kl|ref_?log|ref_per_token|reference_log|log\(|log_softmax"
     fixable = True

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Iterator
 
-import libcst as cst
 
+from rlguard.catalog import LOGITS_LABEL_SHIFT
 from rlguard.lint.analysis import Analysis
 from rlguard.lint.analysis.alignment import (ROOT_IDS, ROOT_LOGITS, GatherSite, alignment, gather_sites,
                                              response_columns)
@@ -67,7 +67,7 @@ class LogitsLabelShift(Rule):
     token ids, the logits and the model.
     """
 
-    code = "RLG012"
+    code = LOGITS_LABEL_SHIFT
     triggers = (r"logits", r"\.gather\(|cross_entropy|nll_loss|\.log_prob\(|take_along_dim|CrossEntropyLoss|NLLLoss"
                 r"|get_at\(|log_?probs?_(?:from|of)_|selective_log_softmax|logps?_from")
 

@@ -6,6 +6,7 @@ from typing import Iterator
 
 import libcst as cst
 
+from rlguard.catalog import GRAD_NOT_ZEROED
 from rlguard.lint.analysis.index import children
 
 from rlguard.lint.analysis import Analysis
@@ -83,7 +84,7 @@ class GradNotZeroed(Rule):
     `[tool.rlguard.names]` `optimizer = [...]` adds your own names for optimizers.
     """
 
-    code = "RLG013"
+    code = GRAD_NOT_ZEROED
     triggers = r"(?i)opt\w*\s*\.\s*step\s*\(|scaler\.step\s*\("
 
     VALID = [
