@@ -261,3 +261,23 @@ def test_fixes():
 def test_length_bias_is_info():
     result = findings("loss = masked_mean(loss, action_mask, dim=-1).mean()\n")
     assert [(f.code, f.severity) for f in result.findings] == [("RLG010", "info")]
+
+
+def test_a_wrong_term_reached_from_several_sinks_is_one_finding_where_it_joins():
+    # the helper returns the loss (a sink), the caller binds it (a sink) and backpropagates it (a sink): one fault
+    source = textwrap.dedent("""\
+        def objective(model, batch, cfg):
+            logp = model(batch["ids"]).logits.log_softmax(-1)
+            ent = -(logp.exp() * logp).sum(-1).mean()
+            pg = -(batch["adv"] * logp.max(-1).values).mean()
+            return pg + cfg.ent_coef * ent
+
+        def fit(model, opt, batches, cfg):
+            for b in batches:
+                loss = objective(model, b, cfg)
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+        """)
+    hits = [(f.code, f.line) for f in lint_source(source, "t.py").findings if f.code == "RLG004"]
+    assert hits == [("RLG004", 5)]

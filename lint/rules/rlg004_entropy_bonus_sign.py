@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Iterator
 
+import libcst as cst
 
 from rlguard.catalog import ENTROPY_BONUS_SIGN
 from rlguard.lint.analysis import Analysis
@@ -221,6 +222,7 @@ def judge_terms(ctx: Analysis, kind: str, want: int, message: str,
         return quantity.sign(kind, expr, frame) is not None
 
     reported: set[int] = set()
+    found_at: dict[int, list[tuple[cst.CSTNode, Violation]]] = {}
     for sink in loss.sinks():
         name = sink_name(ctx, sink)
         if name is not None and ctx.names.is_role(name, kind) and not ctx.names.is_role(name, "mask"):
@@ -250,11 +252,19 @@ def judge_terms(ctx: Analysis, kind: str, want: int, message: str,
             helper = _negating_helper_elsewhere(ctx, quantity, sign_of, kind, found[0][0], term.frame)
             if helper is not None:
                 role = "an entropy bonus" if kind == "entropy" else "a KL penalty"
-                yield Violation(operand, f"`{helper}` (another file of the tree) returns minus the {what(kind)}, and "
-                                         f"it enters this minimised loss with the sign of {role}, so it acts the "
-                                         "wrong way; fix the helper or the sign here")
+                found_at.setdefault(id(found[0][0]), []).append((found[0][0], Violation(
+                    operand, f"`{helper}` (another file of the tree) returns minus the {what(kind)}, and it enters "
+                             f"this minimised loss with the sign of {role}, so it acts the wrong way; fix the helper "
+                             "or the sign here")))
                 continue
-            yield Violation(operand, message, flip(stmt, value, operand))
+            found_at.setdefault(id(found[0][0]), []).append((found[0][0], Violation(
+                operand, message, flip(stmt, value, operand))))
+    # one term reached from several sinks (the helper's returned loss, the caller's loss, its backward) is one
+    # fault: report it where it joins the sum, in the function that holds the term
+    for candidates in found_at.values():
+        home = ctx.enclosing_function(candidates[0][0])
+        local = [v for _, v in candidates if ctx.enclosing_function(v.node) is home]
+        yield local[0] if local else candidates[0][1]
 
 
 def what(kind: str) -> str:
