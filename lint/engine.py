@@ -385,12 +385,13 @@ def _mentions_extra_names(vocabulary: Vocabulary, source: str) -> bool:
 def lint_source(source: str, path: str = "<string>", rules: Iterable[type[Rule]] | None = None,
                 vocabulary: Vocabulary | None = None, fix: bool = False, target_version: tuple[int, int] | None = None,
                 unused_noqa: bool = False, timings: dict[str, float] | None = None, project: Project | None = None,
-                module_name: str | None = None, summarise: bool = False) -> FileResult:
+                module_name: str | None = None, summarise: bool | frozenset[str] = False) -> FileResult:
     """Lint one source text with ``rules`` (default: all). ``target_version`` ((3, 10); None: the newest grammar)
     decides what is a syntax error; ``unused_noqa`` reports RLG901 for noqa codes that silence nothing;
     ``timings``, when given, receives the seconds spent per stage. ``project`` gives access to the summaries of
     the linted tree's other files (calls into them are judged from what the callee does); with ``summarise``,
-    this file's own summaries (``module_name``) are kept for the files linted after it. Never raises for bad
+    this file's own summaries (``module_name``) are kept for the files linted after it (a set of names: only
+    those top-level functions and classes, the ones other files import). Never raises for bad
     input: a file that does not parse becomes a single RLG900 finding, a rule that fails an
     :class:`InternalError` in ``errors``."""
     with _gc_paused():
@@ -415,7 +416,7 @@ def _gc_paused() -> Iterator[None]:
 def _lint_source(source: str, path: str, rules: Iterable[type[Rule]] | None, vocabulary: Vocabulary | None,
                  fix: bool, target: tuple[int, int] | None, unused_noqa: bool, clock: _Clock,
                  project: Project | None = None, module_name: str | None = None,
-                 summarise: bool = False) -> FileResult:
+                 summarise: bool | frozenset[str] = False) -> FileResult:
     result = FileResult(path)
     if project is not None:
         project.begin_file()
@@ -460,7 +461,8 @@ def _lint_source(source: str, path: str, rules: Iterable[type[Rule]] | None, voc
         if project is not None and summarise and module_name:
             try:
                 with clock("summaries"):
-                    project.record(source, summarise_module(ctx, module_name))
+                    project.record(source, summarise_module(
+                        ctx, module_name, None if summarise is True else frozenset(summarise)))
             except Exception as exc:  # summaries help other files: a failure costs their precision only
                 result.errors.append(internal_error(path, None, exc))
         ctx.release()  # the facets refer back to the analysis: free the file's tables without the collector

@@ -165,7 +165,8 @@ _PROJECTS: dict[tuple, Project] = {}
 def lint_job(job: tuple) -> FileResult:
     """Lint one file's bytes with the given codes, extra names and target version. Never raises. ``roots`` are
     the source roots of the linted tree (where calls into other files find their callee's summary), ``module``
-    the file's module name, ``summarise`` whether other linted files import it (its summaries are then kept)."""
+    the file's module name, ``summarise`` whether other linted files import it (its summaries are then kept: all, or the set of
+    top-level names they import)."""
     path, data, codes, names, fix, target, roots, module, summarise = job
     try:
         text, error = decode(data, path)
@@ -257,7 +258,7 @@ def run(paths: Sequence[str | os.PathLike], config: Config, jobs: int = 1, cache
 
     # imported modules first, so their summaries are ready when their importers are linted
     order = import_order([job[1] for job in pending], [job[7] for job in pending])
-    pending = [(*pending[i][:8], pending[i][7] in order.imported) for i in order.order]
+    pending = [(*pending[i][:8], order.summarise(pending[i][7])) for i in order.order]
     meta = [meta[i] for i in order.order]
     for (path, shown, data, codes, key), result in zip(meta, _run_jobs(pending, jobs)):
         if result.fixed_source is not None and not result.errors:
@@ -287,6 +288,16 @@ def run(paths: Sequence[str | os.PathLike], config: Config, jobs: int = 1, cache
 class ImportOrder:
     order: list[int]  # job indices, imported modules before the modules that import them
     imported: set[str]  # module names some linted file imports
+    # what other files import from each of them: the top-level names, or None for the whole module (`import m`,
+    # `from m import *`, a parenthesised list the line scan cannot read to its end)
+    members: dict[str, set[str] | None] = field(default_factory=dict)
+
+    def summarise(self, module: str) -> bool | frozenset[str]:
+        """What of ``module`` to summarise for its importers: nothing, everything, or the names they import."""
+        if module not in self.imported:
+            return False
+        names = self.members.get(module)
+        return True if names is None else frozenset(names)
 
 
 _IMPORT = re.compile(rb"^[ \t]*(?:from[ \t]+(\.*[\w.]*)[ \t]+import[ \t]+\(?([\w ,\t]*)|import[ \t]+([\w., \t]+))",
@@ -299,10 +310,12 @@ def import_order(datas: list[bytes], names: list[str]) -> ImportOrder:
     known = {name: i for i, name in enumerate(names)}
     edges: list[set[int]] = [set() for _ in names]
     imported: set[str] = set()
+    member_names: dict[str, set[str] | None] = {}
     for i, (data, name) in enumerate(zip(datas, names)):
         package = name.split(".")[:-1]
         for match in _IMPORT.finditer(data):
             source, members, plain = match.groups()
+            named: list[str] | None = None  # the names a `from` line takes (None: whole modules)
             if plain is not None:
                 targets = [m.strip().split(" ")[0] for m in plain.decode("ascii", "ignore").split(",")]
             else:
@@ -312,12 +325,18 @@ def import_order(datas: list[bytes], names: list[str]) -> ImportOrder:
                 if level:
                     up = package[:len(package) - (level - 1)] if level - 1 <= len(package) else []
                     base = ".".join([*up, base] if base else up)
-                targets = [base] + [f"{base}.{m.strip().split(' ')[0]}" for m in
-                                    members.decode("ascii", "ignore").split(",") if m.strip()]
+                named = [m.strip().split(" ")[0] for m in members.decode("ascii", "ignore").split(",") if m.strip()]
+                if not named or (b"(" in match.group(0) and b")" not in match.group(0)):
+                    named = None  # `import *`, or a list continued on the next lines
+                targets = [base] + [f"{base}.{m}" for m in named or ()]
             for target in targets:
                 if target in known and known[target] != i:
                     imported.add(target)
                     edges[i].add(known[target])
+                    if plain is not None or target != base or named is None:
+                        member_names[target] = None  # the module itself is imported: any of its names
+                    elif target not in member_names or member_names[target] is not None:
+                        member_names.setdefault(target, set()).update(named)
     order: list[int] = []
     state = [0] * len(names)  # 0 new, 1 on the stack, 2 done
     for start in range(len(names)):
@@ -335,7 +354,7 @@ def import_order(datas: list[bytes], names: list[str]) -> ImportOrder:
             elif state[child] == 0:
                 state[child] = 1
                 stack.append((child, iter(sorted(edges[child]))))
-    return ImportOrder(order, imported)
+    return ImportOrder(order, imported, member_names)
 
 
 def read_regular_file(path: Path) -> bytes | None:

@@ -44,6 +44,8 @@ class Flow:
         self._escaping: dict[int, frozenset[str]] = {}
         self._reaching: dict[tuple, list[Def]] = {}
         self._owners: dict[int, cst.CSTNode | None] = {}
+        self._bound: dict[int, object] = {}
+        self._bases: dict[int, frozenset[str]] = {}
 
     # ----- the query --------------------------------------------------------------------------------------
     def reaching(self, key: str, at: cst.CSTNode) -> list[Def]:
@@ -60,8 +62,27 @@ class Flow:
         memo_key = (key, id(stmt), id(scope))
         hit = self._reaching.get(memo_key)
         if hit is None:
-            hit = self._reaching[memo_key] = self._walk_back(key, at, stmt, scope)
+            base = key_base(key)
+            if (base == key or base in ("self", "cls")) and type(scope) not in _INNER_SCOPES and \
+                    base not in self._rebound_bases(scope):
+                # nothing in this scope binds the name (its parameters aside): the walk back would find nothing
+                # on the way up, so go straight to what the top of the scope gives (parameters, enclosing scopes)
+                hit = self._finish([], key, scope, at)
+            else:
+                hit = self._walk_back(key, at, stmt, scope)
+            self._reaching[memo_key] = hit
         return list(hit)
+
+    def _rebound_bases(self, scope: cst.CSTNode):
+        """Key bases that some statement of ``scope`` binds (parameters excluded); everything for a scope the
+        index does not know (then the shortcut is never taken)."""
+        hit = self._bound.get(id(scope))
+        if hit is None:
+            info = self.index.scopes.get(id(scope))
+            hit = _EVERYTHING if info is None else frozenset(
+                key_base(k) for k, defs in info.defs.items() if any(d.kind != "param" for d in defs))
+            self._bound[id(scope)] = hit
+        return hit
 
     def _walk_back(self, key: str, at: cst.CSTNode, stmt: cst.CSTNode, scope: cst.CSTNode) -> list[Def]:
         index = self.index
@@ -100,6 +121,11 @@ class Flow:
         found: list[Def] = []
         body = suite.body
         through = self._through
+        base = key_base(key)
+        # a plain name (or self./cls. attribute) can only be bound by a statement that binds its base; a deeper
+        # key path may also change when its container escapes into a call, so those statements are all asked
+        plain = base == key or base in ("self", "cls")
+        bases = self._bases
         for j in range(upto - 1, -1, -1):
             stmt = body[j]
             falls = through.get(id(stmt))
@@ -107,11 +133,28 @@ class Flow:
                 falls = self.falls_through(stmt)
             if not falls:
                 return found, True  # the read is unreachable from here on this path
+            if plain:
+                bound = bases.get(id(stmt))
+                if bound is None:
+                    bound = self._bases_of(stmt)
+                if base not in bound:
+                    continue
             defs, definite = self._statement(stmt, key)
             found += defs
             if definite:
                 return found, True
         return found, False
+
+    def _bases_of(self, stmt: cst.CSTNode) -> frozenset[str]:
+        """Key bases that ``stmt`` (with everything inside it) binds."""
+        index = self.index
+        out = set(index.defined_inside.get(id(stmt), ()))
+        out.update(key_base(d.key) for d in index.stmt_defs.get(id(stmt), ()))
+        if type(stmt) in (cst.SimpleStatementLine, cst.SimpleStatementSuite):
+            for small in stmt.body:
+                out.update(key_base(d.key) for d in index.stmt_defs.get(id(small), ()))
+        hit = self._bases[id(stmt)] = frozenset(out)
+        return hit
 
     def _suite_end(self, suite: cst.CSTNode, key: str) -> tuple[list[Def], bool]:
         """Definitions reaching the end of ``suite`` (a block or a statement list), and whether ``key`` is
@@ -325,6 +368,14 @@ class Flow:
 
 _SMALL = (cst.Expr, cst.Assign, cst.AugAssign, cst.AnnAssign, cst.Return)
 _INNER_SCOPES = frozenset(COMPREHENSIONS) | {cst.Lambda}
+
+
+class _Everything:
+    def __contains__(self, item: object) -> bool:
+        return True
+
+
+_EVERYTHING = _Everything()
 _NO_OWNER = object()
 
 

@@ -168,10 +168,14 @@ def module_name_for(path: Path) -> tuple[str, Path]:
     return ".".join(parts) or path.stem, folder
 
 
-def summarise_module(a: "Analysis", module_name: str) -> dict[str, FunctionSummary]:
-    """Summaries of every module-level function and every method of a module-level class."""
+def summarise_module(a: "Analysis", module_name: str,
+                     only: frozenset[str] | None = None) -> dict[str, FunctionSummary]:
+    """Summaries of every module-level function and every method of a module-level class (``only``: of those
+    top-level names, what the other linted files import from the module)."""
     out: dict[str, FunctionSummary] = {}
     for stmt in a.module.body:
+        if only is not None and isinstance(stmt, (cst.FunctionDef, cst.ClassDef)) and stmt.name.value not in only:
+            continue
         if isinstance(stmt, cst.FunctionDef):
             out[f"{module_name}.{stmt.name.value}"] = summarise(a, stmt, f"{module_name}.{stmt.name.value}")
         elif isinstance(stmt, cst.ClassDef):

@@ -12,7 +12,7 @@ from rlguard.lint.analysis import Analysis, dotted_name
 from rlguard.lint.analysis import semantics as S
 from rlguard.lint.analysis.alignment import (ATTENTION_NAME, LIKE_FUNCTIONS, OWNER_NAME, ROOT_IDS, ROOT_LOGITS,
                                              ROOT_TOKEN, ROOT_UNKNOWN, Align,
-                                             alignment, gather_site, gather_sites, token_values)
+                                             alignment, gather_site, token_values)
 from rlguard.lint.analysis.grad import call_sites
 from rlguard.lint.analysis.index import children
 from rlguard.lint.analysis.records import records_by_function
@@ -521,29 +521,29 @@ def _co_arguments(ctx: Analysis, call: cst.Call):
             yield call, value, masks[0]
 
 
-LOGP_HELPER = re.compile(r"(?i)\w*(log_?probs?|logps?|log_softmax|logprobs_from_logits)\w*")
+LOGP_MAKER = re.compile(r"(?i)gather|take_along_dim|get_at|log_prob|cross_entropy|\w*(log_?probs?|logps?|"
+                        r"log_softmax|logprobs_from_logits)\w*")
 
 
 def _log_probs_made_near(ctx: Analysis, call: cst.Call) -> bool:
     """A cheap superset of "an argument is log-probs computed in view": the function around ``call`` (the module
-    at top level) holds a gather, calls a same-module function that does, or calls a log-prob helper by name."""
+    at top level) calls something that gathers or makes log-probs, itself or through a same-module function."""
     scope = ctx.enclosing_function(call)
+    return _makes_log_probs(ctx, scope if scope is not None else ctx.module, depth=1)
+
+
+def _makes_log_probs(ctx: Analysis, scope: cst.CSTNode, depth: int) -> bool:
     cache = ctx.cache.setdefault("rlg001_logp_scopes", {})
-    key = id(scope) if scope is not None else 0
+    key = (id(scope), depth)
     hit = cache.get(key)
     if hit is None:
-        with_gather = ctx.cache.get("rlg001_gather_functions")
-        if with_gather is None:
-            with_gather = ctx.cache["rlg001_gather_functions"] = {
-                id(ctx.enclosing_function(site.node)) for site in gather_sites(ctx)}
-        if scope is None:
-            hit = bool(gather_sites(ctx))
-        else:
-            hit = id(scope) in with_gather
-            for inner in ([] if hit else ctx.index.descendants(scope, cst.Call)):
-                callee = ctx.callee(inner)
-                if (callee is not None and id(callee) in with_gather) or \
-                        LOGP_HELPER.fullmatch(S.called_name(inner) or ""):
+        cache[key] = False  # recursion guard
+        calls = ctx.nodes(cst.Call) if scope is ctx.module else ctx.index.descendants(scope, cst.Call)
+        hit = any(LOGP_MAKER.fullmatch(S.called_name(c) or "") for c in calls)
+        if not hit and depth > 0:
+            for c in calls:
+                callee = ctx.callee(c)
+                if callee is not None and callee is not scope and _makes_log_probs(ctx, callee, depth - 1):
                     hit = True
                     break
         cache[key] = hit

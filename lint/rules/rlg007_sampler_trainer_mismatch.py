@@ -10,7 +10,7 @@ import libcst as cst
 
 from rlguard.catalog import SAMPLER_TRAINER_MISMATCH
 from rlguard.lint.analysis import Analysis, dotted_name
-from rlguard.lint.analysis.alignment import gather_site
+from rlguard.lint.analysis.alignment import gather_site, gather_sites
 from rlguard.lint.analysis.grad import grad_context
 from rlguard.lint.analysis.provenance import models
 from rlguard.lint.analysis.semantics import argument, literal_bool
@@ -878,13 +878,16 @@ def _old_logp_from_sampler(ctx: Analysis) -> bool:
 def _trainer_sites(ctx: Analysis, samplers: set[int], no_grad: bool = False):
     """(site, divisor or None) for each log-prob computation of the trainer whose logits come from a model
     (``no_grad``: also those computed without autograd, such as a recomputation of the old log-probs)."""
+    gathers = {id(site.node): site for site in gather_sites(ctx)}  # the facet RLG001/RLG012 share
     for call in ctx.nodes(cst.Call):
+        site = gathers.get(id(call))
+        if site is None and not LOGP_CALL.fullmatch(_callee_name(call) or ""):
+            continue  # neither a gather nor a log-prob helper: the cheap test first
         func = ctx.enclosing_function(call)
         if func is not None and (id(func) in samplers or EVAL_NAME.fullmatch(func.name.value)):
             continue
         if not no_grad and grad_context(ctx).enabled(call) is False:
             continue
-        site = gather_site(ctx, call)
         logits = site.logits if site is not None else None
         if logits is None:
             callee = _callee_name(call) or ""
