@@ -92,6 +92,8 @@ class Project:
         self.vocabulary = vocabulary
         self.consulted: dict[str, str] = {}  # path -> content hash, for the file being linted
         self._modules: dict[str, Path | None] = {}
+        # module -> (path, content hash, summaries): a file is read and hashed once per run, not once per call
+        self._loaded: dict[str, tuple[str, str | None, dict[str, FunctionSummary] | None]] = {}
 
     def begin_file(self) -> None:
         self.consulted = {}
@@ -122,19 +124,31 @@ class Project:
         return found
 
     def load(self, module: str, path: Path) -> dict[str, FunctionSummary] | None:
+        loaded = self._loaded.get(module)
+        if loaded is None:
+            loaded = self._loaded[module] = self._read(module, path)
+        shown, digest, summaries = loaded
+        if digest is not None:
+            self.consulted[shown] = digest
+        return summaries
+
+    def _read(self, module: str, path: Path) -> tuple[str, str | None, dict[str, FunctionSummary] | None]:
         try:
             text = path.read_bytes().decode("utf-8-sig")
         except (OSError, UnicodeDecodeError):
-            return None
+            return str(path), None, None
         digest = content_hash(text)
-        self.consulted[str(path)] = digest
         hit = _STORE.get(digest)
         if hit is None:
             hit = _STORE[digest] = _summarise_source(text, str(path), module, self.vocabulary)
-        return hit
+        return str(path), digest, hit
 
     def record(self, text: str, summaries: dict[str, FunctionSummary]) -> None:
-        _STORE[content_hash(text)] = summaries
+        digest = content_hash(text)
+        _STORE[digest] = summaries
+        for module, (shown, seen, _) in list(self._loaded.items()):
+            if seen == digest:  # read before its own lint (an import cycle): the recorded summaries replace it
+                self._loaded[module] = (shown, seen, summaries)
 
 
 def content_hash(text: str) -> str:

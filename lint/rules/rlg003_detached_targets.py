@@ -63,7 +63,10 @@ class DetachedTargets(Rule):
 
     code = DETACHED_TARGETS
     # a target's name: log-probs, advantages, returns (the rule needs one, assigned from a forward)
-    triggers = r"(?i)log_?p|adv|\breturns\b|value_targets|\bgae\b"
+    # `returns` as code, not the "Returns:" of a docstring or prose ("returns the ..."): most files that say
+    # it say it there, and a trigger that passes every documented module parses them all for nothing
+    triggers = (r"(?i)log_?p|advantage|\badv(?:s\b|_|\b)|value_targets|\bgae\b"
+                r"|(?-i:\breturns\b(?![ \t]*:)(?! (?:the|a|an|of|to|is|are|and|or|whether|when|if|None|True|False)\b))")
     fixable = True
 
     VALID = [
