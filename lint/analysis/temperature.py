@@ -21,11 +21,15 @@ Precision first: each answer errs towards "the temperature may be applied" (whic
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from typing import TYPE_CHECKING
 
 import libcst as cst
 
+from rlguard.lint.analysis.alignment import gather_site
+from rlguard.lint.analysis.index import dotted_name
+from rlguard.lint.analysis.provenance import models
 
 if TYPE_CHECKING:
     from rlguard.lint.analysis import Analysis
@@ -192,3 +196,215 @@ def upcast(a: "Analysis", expr: cst.BaseExpression) -> bool:
     """Is ``expr`` visibly cast to float32 or wider (``.float()``, ``.to(torch.float32)``, ``dtype=`` keyword)?"""
     text = a.code(expr)
     return ".float()" in text or ".double()" in text or FLOAT32.search(text) is not None
+
+
+# ----- following logits back to the model call and the temperature they were divided by ---------------------
+# (RLG007's questions; kept here so that rules stay queries)
+
+
+def inplace_divisions(ctx: Analysis) -> list[cst.Call]:
+    """The module's ``x.div_(t)`` calls (listed once: ``divisor`` asks at every name it follows)."""
+    hit = ctx.cache.get("rlg007_inplace_divisions")
+    if hit is None:
+        hit = ctx.cache["rlg007_inplace_divisions"] = [
+            c for c in ctx.nodes(cst.Call) if isinstance(c.func, cst.Attribute) and c.func.attr.value == "div_"]
+    return hit
+
+
+def logits_divisor(ctx: Analysis, expr: cst.BaseExpression, site: cst.CSTNode, depth: int = 10):
+    """Follow logits back to the model call: (reached a model call?, the temperature it was divided by)."""
+    divisor = None
+    while depth > 0 and expr is not None:
+        depth -= 1
+        if isinstance(expr, cst.BinaryOperation) and isinstance(expr.operator, cst.Divide):
+            divisor = divisor or expr.right
+            expr = expr.left
+        elif isinstance(expr, cst.Subscript):
+            expr = expr.value
+        elif isinstance(expr, cst.Call):
+            if is_model_call(ctx, expr):
+                return True, divisor
+            func = expr.func
+            if isinstance(func, cst.Attribute) and not ctx.is_module_function(expr):
+                if func.attr.value in ("div", "div_") and expr.args:
+                    divisor = divisor or expr.args[0].value
+                elif func.attr.value not in ("log_softmax", "float", "to", "contiguous", "softmax", "detach",
+                                             "squeeze", "clone"):
+                    return False, None
+                expr = func.value
+            elif ctx.call_name(expr) in ("torch.log_softmax", "torch.nn.functional.log_softmax") and expr.args:
+                expr = expr.args[0].value
+            else:
+                return False, None
+        elif isinstance(expr, (cst.Name, cst.Attribute)):
+            name = dotted_name(expr)
+            if isinstance(expr, cst.Attribute) and (name is None or not name.startswith("self.")):
+                expr = expr.value
+                continue
+            assigns = all_assignments(ctx, name, expr) if name else []
+            for a in assigns:  # logits /= t or logits.div_(t) before the site
+                if a.kind == "aug" and isinstance(a.op, cst.DivideAssign) and isinstance(a.stmt, cst.AugAssign):
+                    divisor = divisor or a.stmt.value
+            for call in inplace_divisions(ctx):
+                f = call.func
+                if dotted_name(f.value) == name \
+                        and call.args and ctx.index.function_scope(call) is ctx.index.function_scope(expr):
+                    divisor = divisor or call.args[0].value
+            plain = [a for a in plain_reaching(ctx, name, expr)] if name else []
+            if len(plain) > 1 and all(p.value is not None for p in plain) and len(plain) <= 4:
+                branches = [logits_divisor(ctx, p.value, site, depth) for p in plain]
+                if not any(r for r, _ in branches):
+                    return False, None
+                return True, divisor or next((d for _, d in branches if d is not None), None)
+            if len(plain) != 1 or plain[0].value is None:
+                return False, None
+            expr = plain[0].value
+        else:
+            return False, None
+    return False, None
+
+
+def is_model_call(ctx: Analysis, call: cst.Call) -> bool:
+    func = call.func
+    if isinstance(func, cst.Attribute) and func.attr.value in ("forward", "__call__"):
+        func = func.value
+    return isinstance(func, (cst.Name, cst.Attribute)) and models(ctx).model(func) is not None
+
+
+def plain_reaching(ctx: Analysis, key: str, at: cst.CSTNode):
+    """The plain assignments of ``key`` that reach ``at`` (augmented ones keep the layout and are looked through)."""
+    return [d for d in ctx.flow.reaching(key, at) if d.kind == "assign"]
+
+
+def all_assignments(ctx: Analysis, key: str, at: cst.CSTNode):
+    """Every binding of ``key`` visible from ``at``: in its function, the class's methods for ``self.x``, the
+    module for a name the function does not bind."""
+    if key.startswith("self."):
+        cls = ctx.enclosing_class(at)
+        return list(ctx.index.class_defs.get(id(cls), {}).get(key, [])) if cls is not None else []
+    scope = ctx.index.function_scope(at)
+    found = [d for d in scope.defs.get(key, []) if d.kind != "param"]
+    if not found and key not in scope.params:
+        found = [d for d in ctx.index.scopes[id(ctx.module)].defs.get(key, []) if d.kind != "param"]
+    return found
+
+
+def key_name(expr: cst.BaseExpression) -> str | None:
+    from rlguard.lint.analysis.index import key_of
+
+    key = key_of(expr)
+    if key is None:
+        return None
+    return key[key.rindex("['") + 2:-2] if key.endswith("']") else key
+
+
+def model_role(ctx: Analysis, expr: cst.BaseExpression, depth: int = 10):
+    """The model whose forward ``expr`` (a logits chain) starts from, following the same steps as ``divisor``."""
+    while depth > 0 and expr is not None:
+        depth -= 1
+        if isinstance(expr, cst.BinaryOperation):
+            expr = expr.left
+        elif isinstance(expr, cst.Subscript):
+            expr = expr.value
+        elif isinstance(expr, cst.Call):
+            if is_model_call(ctx, expr):
+                func = expr.func
+                if isinstance(func, cst.Attribute) and func.attr.value in ("forward", "__call__"):
+                    func = func.value
+                ref = models(ctx).model(func)
+                last = (dotted_name(func) or "").rsplit(".", 1)[-1]
+                if ref is not None and ref.role == "reference" and last and not ctx.names.is_role(last, "ref_model"):
+                    # an attribute swapped with the reference in a context manager: the name called is the policy's
+                    ref = dataclasses.replace(ref, role="model")
+                return ref
+            if ctx.is_module_function(expr) and expr.args:  # torch.log_softmax(x, -1)
+                expr = expr.args[0].value
+            elif isinstance(expr.func, cst.Attribute):
+                expr = expr.func.value
+            elif expr.args:
+                expr = expr.args[0].value
+            else:
+                return None
+        elif isinstance(expr, (cst.Name, cst.Attribute)):
+            name = dotted_name(expr)
+            if isinstance(expr, cst.Attribute) and (name is None or not name.startswith("self.")):
+                expr = expr.value
+                continue
+            plain = plain_reaching(ctx, name, expr) if name else []
+            if len(plain) > 1 and len(plain) <= 4:
+                return next((r for r in (model_role(ctx, p.value, depth) for p in plain if p.value is not None)
+                             if r is not None), None)
+            if len(plain) != 1 or plain[0].value is None:
+                return None
+            expr = plain[0].value
+        else:
+            return None
+    return None
+
+
+def model_call_of(ctx: Analysis, expr: cst.BaseExpression, depth: int = 10) -> cst.Call | None:
+    while depth > 0 and expr is not None:
+        depth -= 1
+        if isinstance(expr, cst.Subscript):
+            expr = expr.value
+        elif isinstance(expr, cst.BinaryOperation) and isinstance(expr.operator, cst.Divide):
+            expr = expr.left
+        elif isinstance(expr, cst.Call):
+            if is_model_call(ctx, expr):
+                return expr
+            if ctx.is_module_function(expr) and expr.args:  # F.log_softmax(x, -1)
+                expr = expr.args[0].value
+            elif isinstance(expr.func, cst.Attribute):
+                expr = expr.func.value
+            elif expr.args:
+                expr = expr.args[0].value
+            else:
+                return None
+        elif isinstance(expr, cst.Attribute):
+            name = dotted_name(expr) or ""
+            if name.startswith("self.") and name.count(".") == 1:
+                return None
+            if expr.attr.value == "logits" and isinstance(expr.value, cst.Name):
+                # ``out.logits`` with ``out = m(...)``: the call is a causal-LM forward by its output
+                defs = plain_reaching(ctx, expr.value.value, expr)
+                if len(defs) == 1 and isinstance(defs[0].value, cst.Call) and \
+                        not ctx.is_module_function(defs[0].value) and ctx.callee(defs[0].value) is None:
+                    return defs[0].value
+            expr = expr.value
+        elif isinstance(expr, cst.Name):
+            defs = plain_reaching(ctx, expr.value, expr)
+            if len(defs) != 1 or defs[0].value is None:
+                return None
+            expr = defs[0].value
+        else:
+            return None
+    return None
+
+
+def gathered_logp(ctx: Analysis, expr: cst.BaseExpression, depth: int = 4) -> bool:
+    """``expr`` holds per-token log-probs gathered from a log-softmax (not a full distribution)."""
+    while depth > 0 and expr is not None:
+        depth -= 1
+        if isinstance(expr, cst.Call):
+            if isinstance(expr.func, cst.Attribute) and expr.func.attr.value in ("squeeze", "float", "to") \
+                    and not ctx.is_module_function(expr):
+                expr = expr.func.value
+                continue
+            site = gather_site(ctx, expr)
+            if site is None or site.logits is None:
+                return False
+            if site.kind == "gather":
+                source = site.logits
+                if isinstance(source, cst.Name):
+                    defs = plain_reaching(ctx, source.value, source)
+                    source = defs[0].value if len(defs) == 1 else None
+                return source is not None and "log_softmax" in ctx.code(source)
+            return site.kind == "categorical"
+        if isinstance(expr, cst.Name):
+            defs = ctx.flow.reaching(expr.value, expr)
+            if len(defs) != 1 or defs[0].kind != "assign" or defs[0].value is None or defs[0].element is not None:
+                return False
+            expr = defs[0].value
+        else:
+            return False
+    return False

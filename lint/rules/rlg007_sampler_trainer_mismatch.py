@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import re
 from typing import Iterator
 
@@ -12,10 +11,11 @@ from rlguard.catalog import SAMPLER_TRAINER_MISMATCH
 from rlguard.lint.analysis import Analysis, dotted_name
 from rlguard.lint.analysis.alignment import gather_site, gather_sites
 from rlguard.lint.analysis.grad import grad_context
-from rlguard.lint.analysis.provenance import models
 from rlguard.lint.analysis.semantics import argument, literal_bool
-from rlguard.lint.analysis.temperature import (TEMPERATURE_WORD, applies_temperature, autocast_region,
-                                               is_sampling_call, loss_inputs, temperature_expr, upcast)
+from rlguard.lint.analysis.temperature import (TEMPERATURE_WORD, all_assignments, applies_temperature, autocast_region,
+                                               gathered_logp, is_model_call, logits_divisor,
+                                               is_sampling_call, key_name, loss_inputs, model_call_of, model_role,
+                                               plain_reaching, temperature_expr, upcast)
 from rlguard.lint.rule import Invalid, Rule, Valid, Violation
 
 
@@ -697,7 +697,7 @@ def _categorical(ctx: Analysis, call: cst.Call) -> bool:
     """``Categorical(logits=...).sample()`` or ``dist.sample()`` with ``dist = Categorical(...)``."""
     receiver = call.func.value if isinstance(call.func, cst.Attribute) else None
     if isinstance(receiver, cst.Name):
-        defs = _plain_reaching(ctx, receiver.value, receiver)
+        defs = plain_reaching(ctx, receiver.value, receiver)
         receiver = defs[0].value if len(defs) == 1 else None
     return isinstance(receiver, cst.Call) and (ctx.call_name(receiver) or _callee_name(receiver) or "").endswith(
         "Categorical")
@@ -754,7 +754,7 @@ def _is_logits(ctx: Analysis, expr: cst.BaseExpression, depth: int = 6) -> bool:
         if isinstance(expr, cst.Subscript):
             expr = expr.value
         elif isinstance(expr, cst.Call):
-            if _is_model_call(ctx, expr):
+            if is_model_call(ctx, expr):
                 return True
             return False
         elif isinstance(expr, (cst.Name, cst.Attribute)):
@@ -764,7 +764,7 @@ def _is_logits(ctx: Analysis, expr: cst.BaseExpression, depth: int = 6) -> bool:
             if isinstance(expr, cst.Attribute) and not name.startswith("self."):
                 expr = expr.value
                 continue
-            assigns = _plain_reaching(ctx, name, expr) if name else []
+            assigns = plain_reaching(ctx, name, expr) if name else []
             if len(assigns) != 1 or assigns[0].value is None:
                 return False
             expr = assigns[0].value
@@ -787,7 +787,7 @@ def _resolve(ctx: Analysis, expr: cst.BaseExpression, depth: int = 6) -> float |
     if key is None:
         return None
     if isinstance(expr, cst.Name) or key.startswith("self.") and key.count(".") == 1:
-        assigns = [a for a in _all_assignments(ctx, key, expr) if a.kind == "assign"]
+        assigns = [a for a in all_assignments(ctx, key, expr) if a.kind == "assign"]
         values = {_resolve(ctx, a.value, depth - 1) if a.value is not None and a.element is None else None
                   for a in assigns}
         if len(values) == 1:
@@ -825,7 +825,7 @@ def _hard_coded(ctx: Analysis, expr: cst.BaseExpression) -> bool:
     if isinstance(expr, (cst.Float, cst.Integer)):
         return True
     if isinstance(expr, cst.Name):
-        assigns = _all_assignments(ctx, expr.value, expr)
+        assigns = all_assignments(ctx, expr.value, expr)
         return bool(assigns) and all(ctx.enclosing_function(a.stmt) is None for a in assigns)
     return False
 
@@ -868,7 +868,7 @@ def _old_logp_from_sampler(ctx: Analysis) -> bool:
         for target in stmt.targets:
             name = dotted_name(target.target)
             if isinstance(target.target, cst.Subscript):
-                name = _key_name(target.target)
+                name = key_name(target.target)
             if name and ctx.names.is_role(name.rsplit(".", 1)[-1], "old_logp") and RECOMPUTE.search(
                     ctx.code(stmt.value)):
                 return False
@@ -897,7 +897,7 @@ def _trainer_sites(ctx: Analysis, samplers: set[int], no_grad: bool = False):
                 logits = call.args[0].value if call.args else None
         if logits is None:
             continue
-        reached, divisor = _divisor(ctx, logits, call)
+        reached, divisor = logits_divisor(ctx, logits, call)
         if reached:
             yield call, divisor
 
@@ -918,149 +918,9 @@ def _loss_sites(ctx: Analysis, samplers: set[int]):
             if not defs or any(d.kind in ("import", "def") for d in defs):
                 continue  # a plain name must be a callable handed in (``loss_fn``), not an unseen import
         for arg in call.args[:1]:
-            reached, divisor = _divisor(ctx, arg.value, call)
+            reached, divisor = logits_divisor(ctx, arg.value, call)
             if reached:
                 yield call, arg.value, divisor
-
-
-def _inplace_divisions(ctx: Analysis) -> list[cst.Call]:
-    """The module's ``x.div_(t)`` calls (listed once: ``_divisor`` asks at every name it follows)."""
-    hit = ctx.cache.get("rlg007_inplace_divisions")
-    if hit is None:
-        hit = ctx.cache["rlg007_inplace_divisions"] = [
-            c for c in ctx.nodes(cst.Call) if isinstance(c.func, cst.Attribute) and c.func.attr.value == "div_"]
-    return hit
-
-
-def _divisor(ctx: Analysis, expr: cst.BaseExpression, site: cst.CSTNode, depth: int = 10):
-    """Follow logits back to the model call: (reached a model call?, the temperature it was divided by)."""
-    divisor = None
-    while depth > 0 and expr is not None:
-        depth -= 1
-        if isinstance(expr, cst.BinaryOperation) and isinstance(expr.operator, cst.Divide):
-            divisor = divisor or expr.right
-            expr = expr.left
-        elif isinstance(expr, cst.Subscript):
-            expr = expr.value
-        elif isinstance(expr, cst.Call):
-            if _is_model_call(ctx, expr):
-                return True, divisor
-            func = expr.func
-            if isinstance(func, cst.Attribute) and not ctx.is_module_function(expr):
-                if func.attr.value in ("div", "div_") and expr.args:
-                    divisor = divisor or expr.args[0].value
-                elif func.attr.value not in ("log_softmax", "float", "to", "contiguous", "softmax", "detach",
-                                             "squeeze", "clone"):
-                    return False, None
-                expr = func.value
-            elif ctx.call_name(expr) in ("torch.log_softmax", "torch.nn.functional.log_softmax") and expr.args:
-                expr = expr.args[0].value
-            else:
-                return False, None
-        elif isinstance(expr, (cst.Name, cst.Attribute)):
-            name = dotted_name(expr)
-            if isinstance(expr, cst.Attribute) and (name is None or not name.startswith("self.")):
-                expr = expr.value
-                continue
-            assigns = _all_assignments(ctx, name, expr) if name else []
-            for a in assigns:  # logits /= t or logits.div_(t) before the site
-                if a.kind == "aug" and isinstance(a.op, cst.DivideAssign) and isinstance(a.stmt, cst.AugAssign):
-                    divisor = divisor or a.stmt.value
-            for call in _inplace_divisions(ctx):
-                f = call.func
-                if dotted_name(f.value) == name \
-                        and call.args and ctx.index.function_scope(call) is ctx.index.function_scope(expr):
-                    divisor = divisor or call.args[0].value
-            plain = [a for a in _plain_reaching(ctx, name, expr)] if name else []
-            if len(plain) > 1 and all(p.value is not None for p in plain) and len(plain) <= 4:
-                branches = [_divisor(ctx, p.value, site, depth) for p in plain]
-                if not any(r for r, _ in branches):
-                    return False, None
-                return True, divisor or next((d for _, d in branches if d is not None), None)
-            if len(plain) != 1 or plain[0].value is None:
-                return False, None
-            expr = plain[0].value
-        else:
-            return False, None
-    return False, None
-
-
-def _is_model_call(ctx: Analysis, call: cst.Call) -> bool:
-    func = call.func
-    if isinstance(func, cst.Attribute) and func.attr.value in ("forward", "__call__"):
-        func = func.value
-    return isinstance(func, (cst.Name, cst.Attribute)) and models(ctx).model(func) is not None
-
-
-def _plain_reaching(ctx: Analysis, key: str, at: cst.CSTNode):
-    """The plain assignments of ``key`` that reach ``at`` (augmented ones keep the layout and are looked through)."""
-    return [d for d in ctx.flow.reaching(key, at) if d.kind == "assign"]
-
-
-def _all_assignments(ctx: Analysis, key: str, at: cst.CSTNode):
-    """Every binding of ``key`` visible from ``at``: in its function, the class's methods for ``self.x``, the
-    module for a name the function does not bind."""
-    if key.startswith("self."):
-        cls = ctx.enclosing_class(at)
-        return list(ctx.index.class_defs.get(id(cls), {}).get(key, [])) if cls is not None else []
-    scope = ctx.index.function_scope(at)
-    found = [d for d in scope.defs.get(key, []) if d.kind != "param"]
-    if not found and key not in scope.params:
-        found = [d for d in ctx.index.scopes[id(ctx.module)].defs.get(key, []) if d.kind != "param"]
-    return found
-
-
-def _key_name(expr: cst.BaseExpression) -> str | None:
-    from rlguard.lint.analysis.index import key_of
-
-    key = key_of(expr)
-    if key is None:
-        return None
-    return key[key.rindex("['") + 2:-2] if key.endswith("']") else key
-
-
-def _model_role(ctx: Analysis, expr: cst.BaseExpression, depth: int = 10):
-    """The model whose forward ``expr`` (a logits chain) starts from, following the same steps as ``_divisor``."""
-    while depth > 0 and expr is not None:
-        depth -= 1
-        if isinstance(expr, cst.BinaryOperation):
-            expr = expr.left
-        elif isinstance(expr, cst.Subscript):
-            expr = expr.value
-        elif isinstance(expr, cst.Call):
-            if _is_model_call(ctx, expr):
-                func = expr.func
-                if isinstance(func, cst.Attribute) and func.attr.value in ("forward", "__call__"):
-                    func = func.value
-                ref = models(ctx).model(func)
-                last = (dotted_name(func) or "").rsplit(".", 1)[-1]
-                if ref is not None and ref.role == "reference" and last and not ctx.names.is_role(last, "ref_model"):
-                    # an attribute swapped with the reference in a context manager: the name called is the policy's
-                    ref = dataclasses.replace(ref, role="model")
-                return ref
-            if ctx.is_module_function(expr) and expr.args:  # torch.log_softmax(x, -1)
-                expr = expr.args[0].value
-            elif isinstance(expr.func, cst.Attribute):
-                expr = expr.func.value
-            elif expr.args:
-                expr = expr.args[0].value
-            else:
-                return None
-        elif isinstance(expr, (cst.Name, cst.Attribute)):
-            name = dotted_name(expr)
-            if isinstance(expr, cst.Attribute) and (name is None or not name.startswith("self.")):
-                expr = expr.value
-                continue
-            plain = _plain_reaching(ctx, name, expr) if name else []
-            if len(plain) > 1 and len(plain) <= 4:
-                return next((r for r in (_model_role(ctx, p.value, depth) for p in plain if p.value is not None)
-                             if r is not None), None)
-            if len(plain) != 1 or plain[0].value is None:
-                return None
-            expr = plain[0].value
-        else:
-            return None
-    return None
 
 
 def _sites(ctx: Analysis, samplers: set[int], no_grad: bool = False):
@@ -1094,7 +954,7 @@ def _scaled_logits(ctx: Analysis, samplers: set[int]):
         func = ctx.enclosing_function(node)
         if func is None or id(func) in samplers or not temperature_expr(divisor) or _resolve(ctx, divisor) is not None:
             continue
-        ref = _model_role(ctx, left)
+        ref = model_role(ctx, left)
         if ref is not None and ref.role in ("policy", "model"):
             yield node, ref, divisor
 
@@ -1103,7 +963,7 @@ def _policy_site(ctx: Analysis, site: cst.Call, logits: cst.BaseExpression | Non
     """The site scores the policy: its logits come from a model that is not a reference, critic or reward model."""
     if logits is None:
         logits = _site_logits(ctx, site)
-    ref = _model_role(ctx, logits) if logits is not None else None
+    ref = model_role(ctx, logits) if logits is not None else None
     return ref is not None and ref.role in ("policy", "model")
 
 
@@ -1180,7 +1040,7 @@ def _sibling(ctx: Analysis, samplers: set[int], reported: set[int]):
         if func is None or applies_temperature(ctx, func) or not _policy_site(ctx, site, logits):
             continue
         cls = ctx.enclosing_class(site)
-        ref = _model_role(ctx, logits if logits is not None else _site_logits(ctx, site))
+        ref = model_role(ctx, logits if logits is not None else _site_logits(ctx, site))
         partner = next((s for s, r, d in scaled if ctx.enclosing_class(s) is cls
                         and ctx.enclosing_function(s) is not func and ref is not None and r.roots & ref.roots), None)
         if partner is None:
@@ -1409,7 +1269,7 @@ def _autocast(ctx: Analysis, samplers: set[int], reported: set[int]):
         softmax = ctx.code(logits)
         if "log_softmax" not in softmax and "log_softmax" not in ctx.code(site):
             continue
-        model_call = _model_call_of(ctx, logits)
+        model_call = model_call_of(ctx, logits)
         if model_call is None or autocast_region(ctx, model_call) is None:
             continue
         stmt = ctx.index.statement_of(site)
@@ -1426,45 +1286,6 @@ def _autocast(ctx: Analysis, samplers: set[int], reported: set[int]):
                               f"sampler {_at(ctx, sampler)}, computed in float32: the ratio is not 1 "
                               "before any step. Take the log-softmax inside the autocast block or upcast the "
                               "logits with `.float()`")
-
-
-def _model_call_of(ctx: Analysis, expr: cst.BaseExpression, depth: int = 10) -> cst.Call | None:
-    while depth > 0 and expr is not None:
-        depth -= 1
-        if isinstance(expr, cst.Subscript):
-            expr = expr.value
-        elif isinstance(expr, cst.BinaryOperation) and isinstance(expr.operator, cst.Divide):
-            expr = expr.left
-        elif isinstance(expr, cst.Call):
-            if _is_model_call(ctx, expr):
-                return expr
-            if ctx.is_module_function(expr) and expr.args:  # F.log_softmax(x, -1)
-                expr = expr.args[0].value
-            elif isinstance(expr.func, cst.Attribute):
-                expr = expr.func.value
-            elif expr.args:
-                expr = expr.args[0].value
-            else:
-                return None
-        elif isinstance(expr, cst.Attribute):
-            name = dotted_name(expr) or ""
-            if name.startswith("self.") and name.count(".") == 1:
-                return None
-            if expr.attr.value == "logits" and isinstance(expr.value, cst.Name):
-                # ``out.logits`` with ``out = m(...)``: the call is a causal-LM forward by its output
-                defs = _plain_reaching(ctx, expr.value.value, expr)
-                if len(defs) == 1 and isinstance(defs[0].value, cst.Call) and \
-                        not ctx.is_module_function(defs[0].value) and ctx.callee(defs[0].value) is None:
-                    return defs[0].value
-            expr = expr.value
-        elif isinstance(expr, cst.Name):
-            defs = _plain_reaching(ctx, expr.value, expr)
-            if len(defs) != 1 or defs[0].value is None:
-                return None
-            expr = defs[0].value
-        else:
-            return None
-    return None
 
 
 # Library facts (versioned): inference-engine configurations whose returned log-probs are, by default, taken
@@ -1542,35 +1363,6 @@ def _at(ctx: Analysis, node: cst.CSTNode) -> str:
     return f" (line {line})" if line != "?" else ""
 
 
-def _gathered_logp(ctx: Analysis, expr: cst.BaseExpression, depth: int = 4) -> bool:
-    """``expr`` holds per-token log-probs gathered from a log-softmax (not a full distribution)."""
-    while depth > 0 and expr is not None:
-        depth -= 1
-        if isinstance(expr, cst.Call):
-            if isinstance(expr.func, cst.Attribute) and expr.func.attr.value in ("squeeze", "float", "to") \
-                    and not ctx.is_module_function(expr):
-                expr = expr.func.value
-                continue
-            site = gather_site(ctx, expr)
-            if site is None or site.logits is None:
-                return False
-            if site.kind == "gather":
-                source = site.logits
-                if isinstance(source, cst.Name):
-                    defs = _plain_reaching(ctx, source.value, source)
-                    source = defs[0].value if len(defs) == 1 else None
-                return source is not None and "log_softmax" in ctx.code(source)
-            return site.kind == "categorical"
-        if isinstance(expr, cst.Name):
-            defs = ctx.flow.reaching(expr.value, expr)
-            if len(defs) != 1 or defs[0].kind != "assign" or defs[0].value is None or defs[0].element is not None:
-                return False
-            expr = defs[0].value
-        else:
-            return False
-    return False
-
-
 def _logp_divided(ctx: Analysis):
     """``token_logp / T`` (or ``/= T``): a temperature applied to gathered log-probs instead of to the logits
     before the softmax; the result is not a log-distribution of any temperature."""
@@ -1586,9 +1378,9 @@ def _logp_divided(ctx: Analysis):
         if isinstance(left, cst.Name) and isinstance(node, cst.AugAssign):
             defs = [d for d in ctx.flow.reaching(left.value, node) if d.stmt is not node]
             ok = len(defs) == 1 and defs[0].kind == "assign" and defs[0].value is not None \
-                and _gathered_logp(ctx, defs[0].value)
+                and gathered_logp(ctx, defs[0].value)
         else:
-            ok = _gathered_logp(ctx, left)
+            ok = gathered_logp(ctx, left)
         if ok:
             yield Violation(node, f"the temperature `{ctx.code(divisor)}` divides log-probs already gathered from a "
                                   "log-softmax; that is not the log-prob of any temperature. Divide the logits "
