@@ -85,7 +85,10 @@ class AdvantageSign(Rule):
     code = ADVANTAGE_SIGN
     # every branch starts with a literal (Python's re scans those fast); the rule checks the roles itself
     # (clamp/clip: a PPO clip names its advantages by their use, `min(r * x, r.clamp(lo, hi) * x)`)
-    triggers = (r"advantage|Advantage|adv(?:s\b|_|\b)|\*\s*-?\s*(?:A|returns?|rewards?)\b|clamp\(|clip\("
+    # a ratio clipped to a trust region (`clamp(r, 1 - eps, 1 + eps)`, `r.clamp(0.8, 1.2)`) stands for a PPO
+    # surrogate whatever its weights are called; a bare clamp( would pass most files for nothing
+    triggers = (r"advantage|Advantage|adv(?:s\b|_|\b)|\*\s*-?\s*(?:A|returns?|rewards?)\b"
+                r"|(?:clamp|clip)\([^)\n]*(?:\b1\s*[-+]|\b0\.\d+\s*,\s*1\.\d)"
                 r"|(?:returns?|rewards?)\s*\*\s*\w*(?:ratio|log_?prob|logp)|A\s*\*\s*\w*(?:ratio|log_?prob|logp)")
 
     VALID = [
