@@ -89,8 +89,8 @@ class MaskNotShifted(Rule):
     """
 
     code = MASK_NOT_SHIFTED
-    # a mask, and a time-axis slice, pad or roll somewhere: what any mismatch the rule can prove needs
-    triggers = (r"mask", r"\[\s*:\s*,|\[\s*\.\.\.\s*,|\.pad\(|roll\(|\[\s*-")
+    # a mask and a shift: a 2-d slice, a pad or roll, or a window from the end (`[-R:]`, not an index `[-1]`)
+    triggers = (r"mask", r"\[\s*:\s*,|\[\s*\.\.\.\s*,|\.pad\(|roll\(|\[\s*-[^\]\n]*:")
 
     VALID = [
         Valid("logits = model(ids).logits\n"
