@@ -58,7 +58,8 @@ class EntropyBonusSign(Rule):
 
     code = ENTROPY_BONUS_SIGN
     # an entropy by name, or one written out over a distribution (it needs a log: `(p * p.log()).sum(-1)`)
-    triggers = r"(?i)entrop|\bent\b|log\(|log_softmax"
+    # entropy, but not the cross-entropy of a supervised loss (which alone passes many files for nothing)
+    triggers = r"(?i)\bent\b|log\(|log_softmax|(?<!cross)(?<!cross-)(?<!cross_)(?<!cross )entrop"
     fixable = True
 
     VALID = [
