@@ -462,7 +462,7 @@ def _lint_source(source: str, path: str, rules: Iterable[type[Rule]] | None, voc
             try:
                 with clock("summaries"):
                     project.record(source, summarise_module(
-                        ctx, module_name, None if summarise is True else frozenset(summarise)))
+                        ctx, module_name, None if summarise is True else summarise))
             except Exception as exc:  # summaries help other files: a failure costs their precision only
                 result.errors.append(internal_error(path, None, exc))
         ctx.release()  # the facets refer back to the analysis: free the file's tables without the collector

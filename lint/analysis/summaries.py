@@ -92,8 +92,8 @@ class Project:
         self.vocabulary = vocabulary
         self.consulted: dict[str, str] = {}  # path -> content hash, for the file being linted
         self._modules: dict[str, Path | None] = {}
-        # module -> (path, content hash, summaries): a file is read and hashed once per run, not once per call
-        self._loaded: dict[str, tuple[str, str | None, dict[str, FunctionSummary] | None]] = {}
+        # module -> (path, content hash): a file is read and hashed once per run, not at every call into it
+        self._seen: dict[str, tuple[str, str | None]] = {}
 
     def begin_file(self) -> None:
         self.consulted = {}
@@ -124,31 +124,29 @@ class Project:
         return found
 
     def load(self, module: str, path: Path) -> dict[str, FunctionSummary] | None:
-        loaded = self._loaded.get(module)
-        if loaded is None:
-            loaded = self._loaded[module] = self._read(module, path)
-        shown, digest, summaries = loaded
-        if digest is not None:
-            self.consulted[shown] = digest
-        return summaries
+        seen = self._seen.get(module)
+        if seen is None:
+            seen = self._seen[module] = self._read(module, path)
+        shown, digest = seen
+        if digest is None:
+            return None
+        self.consulted[shown] = digest
+        return _STORE.get(digest)
 
-    def _read(self, module: str, path: Path) -> tuple[str, str | None, dict[str, FunctionSummary] | None]:
+    def _read(self, module: str, path: Path) -> tuple[str, str | None]:
+        """(path, content hash) of the module's file, its summaries put in the store when they are not there yet
+        (read once per run: the hash keys the summaries, which a later lint of that file may replace)."""
         try:
             text = path.read_bytes().decode("utf-8-sig")
         except (OSError, UnicodeDecodeError):
-            return str(path), None, None
+            return str(path), None
         digest = content_hash(text)
-        hit = _STORE.get(digest)
-        if hit is None:
-            hit = _STORE[digest] = _summarise_source(text, str(path), module, self.vocabulary)
-        return str(path), digest, hit
+        if digest not in _STORE:
+            _STORE[digest] = _summarise_source(text, str(path), module, self.vocabulary)
+        return str(path), digest
 
     def record(self, text: str, summaries: dict[str, FunctionSummary]) -> None:
-        digest = content_hash(text)
-        _STORE[digest] = summaries
-        for module, (shown, seen, _) in list(self._loaded.items()):
-            if seen == digest:  # read before its own lint (an import cycle): the recorded summaries replace it
-                self._loaded[module] = (shown, seen, summaries)
+        _STORE[content_hash(text)] = summaries
 
 
 def content_hash(text: str) -> str:

@@ -204,9 +204,9 @@ def upcast(a: "Analysis", expr: cst.BaseExpression) -> bool:
 
 def inplace_divisions(ctx: Analysis) -> list[cst.Call]:
     """The module's ``x.div_(t)`` calls (listed once: ``divisor`` asks at every name it follows)."""
-    hit = ctx.cache.get("rlg007_inplace_divisions")
+    hit = ctx.cache.get("inplace_divisions")
     if hit is None:
-        hit = ctx.cache["rlg007_inplace_divisions"] = [
+        hit = ctx.cache["inplace_divisions"] = [
             c for c in ctx.nodes(cst.Call) if isinstance(c.func, cst.Attribute) and c.func.attr.value == "div_"]
     return hit
 

@@ -298,9 +298,6 @@ class _Surrogates:
         self.signs = signs(ctx)
         self.quantity = quantities(ctx)
         self._ratios = {id(call) for call, _, _ in ratio_terms(ctx)}
-        # asked for every sub-expression a sign walk meets, often the same ones; frames are interned by the
-        # value traces (their ids are stable while the analysis lives), so (node, frame, depth) is a safe key
-        self._is_ratio: dict[tuple[int, int, int], bool] = {}
 
     def stop(self, expr, frame) -> bool:
         return self.weight_sign(expr, frame) is not None or self.is_ratio(expr, frame)
@@ -323,14 +320,6 @@ class _Surrogates:
         return None
 
     def is_ratio(self, expr, frame=None, depth: int = 4) -> bool:
-        key = (id(expr), id(frame), depth)
-        hit = self._is_ratio.get(key)
-        if hit is None:
-            self._is_ratio[key] = False  # a cycle through names reads as "not a ratio"
-            hit = self._is_ratio[key] = self._ratio(expr, frame, depth)
-        return hit
-
-    def _ratio(self, expr, frame, depth: int) -> bool:
         name = _name_of(expr)
         if isinstance(expr, cst.Attribute) and CONFIG_HEADS & set(self.ctx.code(expr.value).split(".")):
             return False  # cfg.ratio_clip_c, self.config.clip_ratio: a setting, never the ratio tensor
