@@ -1,4 +1,4 @@
-"""Local snapshots of public repositories, for the real-code benchmarks (``realcode.py``, ``realfixes.py``).
+"""Local snapshots of public repositories, for the real-code benchmarks (``ecosystem.py``, ``realfixes.py``, ``mutation.py``).
 
 rlguard stores no third-party code: the benchmarks name repositories and commits, and read the files from a bare
 git mirror on this machine. Mirrors are looked up under a folder given by ``--mirrors`` or the environment

@@ -43,6 +43,9 @@ def _lint_parser() -> argparse.ArgumentParser:
     p.add_argument("--target-version", choices=TARGET_VERSIONS, metavar="VERSION",
                    help="the Python the code is for, which decides what is a syntax error (py37-py314; default: "
                         "the config's target-version, else requires-python of the nearest pyproject.toml)")
+    p.add_argument("--preview", action=argparse.BooleanOptionalAction, default=None,
+                   help="also run the preview rules and rule parts, whose precision on unseen code is not yet shown "
+                        "(default: off, or `preview` in [tool.rlguard])")
     p.add_argument("--fix", action="store_true", help="apply the safe rewrites in place")
     p.add_argument("--diff", action="store_true", help="print the rewrites --fix would make as a diff; write nothing")
     p.add_argument("--show-suppressed", action="store_true", help="also list the findings silenced by # noqa")
@@ -124,7 +127,8 @@ def _lint(args: argparse.Namespace, verbose: bool) -> int:
             return _usage_error(f"--output-file {args.output_file} is a folder; give a file name")
     paths = args.paths or ["."]
     layer = Layer(select=tuple(_codes(args.select)) if args.select is not None else None,
-                  extend_select=tuple(_codes(args.extend_select) or ()), ignore=tuple(_codes(args.ignore) or ()))
+                  extend_select=tuple(_codes(args.extend_select) or ()), ignore=tuple(_codes(args.ignore) or ()),
+                  preview=args.preview)
     try:
         config = load_config(paths, config_path=args.config, cli=layer, isolated=args.isolated,
                              target_version=args.target_version)
@@ -203,10 +207,11 @@ def rule_main(argv: list[str]) -> int:
         print(f"wrote {len(written)} pages to {args.write_docs}")
         return 0
     if args.list:
-        rows = [("CODE", "NAME", "STATIC", "FIX"), *docs.list_codes()]
+        rows = [("CODE", "NAME", "STATIC", "STATUS", "FIX"), *docs.list_codes()]
         width = max(len(r[1]) for r in rows)
-        for code, name, static, fix in rows:
-            print(f"{code:<7} {name:<{width}}  {static:<13} {fix}".rstrip())
+        state_width = max(len(r[3]) for r in rows)
+        for code, name, static, state, fix in rows:
+            print(f"{code:<7} {name:<{width}}  {static:<13} {state:<{state_width}}  {fix}".rstrip())
         return 0
     if not args.code:
         p.print_usage(sys.stderr)

@@ -34,7 +34,7 @@ import hashlib
 import json
 import os
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Iterable, Sequence
 
@@ -47,7 +47,7 @@ else:  # pragma: no cover - exercised on 3.10 only
     import tomli as tomllib
 
 KEYS = ("select", "extend-select", "ignore", "exclude", "extend-exclude", "per-file-ignores", "names",
-        "target-version")
+        "target-version", "preview")
 # Codes selected unless the configuration names them (or a prefix of them, or ALL).
 OPT_IN = frozenset({UNUSED_NOQA})
 # The Pythons whose grammar `target-version` can name: CPython's ast feature_version goes back to 3.7 and
@@ -138,6 +138,7 @@ class Layer:
     extend_select: tuple[str, ...] = ()
     ignore: tuple[str, ...] = ()
     where: str = "command line"
+    preview: bool | None = None  # None: as the layer below says (default off)
 
     def apply(self, current: set[str]) -> set[str]:
         refuse_ignoring_internal_errors(self.ignore, f"{self.where} ignore")
@@ -164,9 +165,14 @@ class Config:
 
     def __post_init__(self) -> None:
         selected: set[str] = set(CODES) - OPT_IN
+        self.preview: bool = False
         for layer in self.layers:
             selected = layer.apply(selected)
+            if layer.preview is not None:
+                self.preview = layer.preview
         lintable = set(_lint_codes())
+        if not self.preview:  # ruff's model: a preview rule runs only in preview mode, even when selected
+            lintable -= _preview_rule_codes()
         self.selected: tuple[str, ...] = tuple(sorted(selected & lintable))
         _check_runs_a_rule(self.layers, set(self.selected))
         for glob, codes in self.per_file_ignores.items():
@@ -211,7 +217,7 @@ class Config:
     def fingerprint(self, codes: Sequence[str]) -> str:
         """What of the configuration can change a file's findings: the codes run on it and the names."""
         payload = json.dumps({"codes": list(codes), "names": {k: sorted(v) for k, v in sorted(self.names.items())},
-                              "target": list(self.target_version or ())}, sort_keys=True)
+                              "target": list(self.target_version or ()), "preview": self.preview}, sort_keys=True)
         return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 
@@ -234,7 +240,11 @@ def _check_runs_a_rule(layers: Sequence[Layer], selected: set[str]) -> None:
             reasons.append(f"{code} ({entry.name}) judges the noqa comments of the rules that run, so it needs some")
         elif code == INTERNAL_ERROR:
             reasons.append(f"{code} ({entry.name}) is always reported and runs nothing itself")
-    removed = sorted(chosen & _lint_rule_codes() - selected)
+    in_preview = sorted(chosen & _preview_rule_codes() - selected)
+    if in_preview:
+        reasons.append(f"{', '.join(in_preview)} {'is' if len(in_preview) == 1 else 'are'} in preview: add --preview "
+                       f"(or preview = true in [tool.rlguard])")
+    removed = sorted(chosen & _lint_rule_codes() - selected - set(in_preview))
     if removed:
         ignorers = [layer.where for layer in layers if layer.ignore]
         reasons.append(f"{', '.join(removed)} {'is' if len(removed) == 1 else 'are'} removed by "
@@ -248,6 +258,12 @@ def _lint_rule_codes() -> set[str]:
     from rlguard.lint.rule import all_rules
 
     return set(all_rules())
+
+
+def _preview_rule_codes() -> set[str]:
+    from rlguard.lint.rule import all_rules
+
+    return {code for code, rule in all_rules().items() if rule.preview}
 
 
 def matches_any(rel_posix: str, globs: Iterable[str]) -> bool:
@@ -359,6 +375,10 @@ def load_config(paths: Sequence[str | os.PathLike] = (), config_path: str | os.P
         ignore=_strings(table.get("ignore", []), f"{where} ignore"),
         where=where,
     )
+    preview = table.get("preview")
+    if preview is not None and not isinstance(preview, bool):
+        raise ConfigError(f"{where} preview must be true or false, got {preview!r}")
+    layer = replace(layer, preview=preview)
     exclude = _strings(table.get("exclude", []), f"{where} exclude") + _strings(
         table.get("extend-exclude", []), f"{where} extend-exclude")
     pfi_raw = table.get("per-file-ignores", {})

@@ -64,10 +64,19 @@ def render_page(code: str) -> str:
     out = [f"# {code} {entry.name}", "", f"> {entry.summary}", ""]
     if rule is not None:
         fix = "yes (`rlguard lint --fix`)" if rule.fixable else "no"
-        out += ["| static check | severity | autofix |", "|---|---|---|",
-                f"| {_STATIC.get(entry.static, entry.static)} | {rule.severity} | {fix} |", ""]
+        out += ["| static check | status | severity | autofix |", "|---|---|---|---|",
+                f"| {_STATIC.get(entry.static, entry.static)} | {status(rule)} | {rule.severity} | {fix} |", ""]
+        if rule.preview:
+            out += ["**Preview.** This rule runs only with `rlguard lint --preview` (or `preview = true` in "
+                    "`[tool.rlguard]`): its precision on code it was not tuned on is not yet shown by the "
+                    "ecosystem check.", ""]
+        elif rule.PREVIEW_PARTS:
+            out += ["**Stable, with parts in preview.** These parts report only with `--preview` (or "
+                    "`preview = true`), because their precision on unseen code is not yet shown:", "",
+                    *[f"- {part}" for part in rule.PREVIEW_PARTS], ""]
     elif code not in TOOL_CODES:
-        out += ["| static check | severity | autofix |", "|---|---|---|", f"| {_STATIC['no']} | error | no |", ""]
+        out += ["| static check | status | severity | autofix |", "|---|---|---|---|",
+                f"| {_STATIC['no']} | - | error | no |", ""]
     out += [body.strip(), ""]
     if rule is not None and not _has(body, "Fix"):
         out += ["## Fix", "", "No automatic fix: the right rewrite depends on intent, so `--fix` leaves it to you.", ""]
@@ -104,19 +113,28 @@ def render_page(code: str) -> str:
     return "\n".join(out).rstrip() + "\n"
 
 
-def list_codes() -> list[tuple[str, str, str, str]]:
-    """(code, name, static?, fix) for every catalog code."""
+def status(rule) -> str:
+    """A rule's status as its page and `rlguard rule --list` show it: ``stable``, ``preview``, or
+    ``stable/preview`` (stable, with parts in preview)."""
+    if rule.preview:
+        return "preview"
+    return "stable/preview" if rule.PREVIEW_PARTS else "stable"
+
+
+def list_codes() -> list[tuple[str, str, str, str, str]]:
+    """(code, name, static?, status, fix) for every catalog code."""
     rows = []
     for code, entry in CODES.items():
         rule = _rule(code)
         if rule is not None:
             static = {"info": "yes (info)"}.get(entry.static, entry.static)
             fix = "fix" if rule.fixable else ""
+            state = status(rule)
         elif code in TOOL_CODES:
-            static, fix = "yes", ""
+            static, fix, state = "yes", "", "stable"
         else:
-            static, fix = "no (runtime)", ""
-        rows.append((code, entry.name, static, fix))
+            static, fix, state = "no (runtime)", "", "-"
+        rows.append((code, entry.name, static, state, fix))
     return rows
 
 

@@ -385,8 +385,10 @@ def _mentions_extra_names(vocabulary: Vocabulary, source: str) -> bool:
 def lint_source(source: str, path: str = "<string>", rules: Iterable[type[Rule]] | None = None,
                 vocabulary: Vocabulary | None = None, fix: bool = False, target_version: tuple[int, int] | None = None,
                 unused_noqa: bool = False, timings: dict[str, float] | None = None, project: Project | None = None,
-                module_name: str | None = None, summarise: bool | frozenset[str] = False) -> FileResult:
-    """Lint one source text with ``rules`` (default: all). ``target_version`` ((3, 10); None: the newest grammar)
+                module_name: str | None = None, summarise: bool | frozenset[str] = False,
+                preview: bool = False) -> FileResult:
+    """Lint one source text with ``rules`` (default: all). Without ``preview``, preview rules do not run and the
+    violations a stable rule's preview parts find are dropped. ``target_version`` ((3, 10); None: the newest grammar)
     decides what is a syntax error; ``unused_noqa`` reports RLG901 for noqa codes that silence nothing;
     ``timings``, when given, receives the seconds spent per stage. ``project`` gives access to the summaries of
     the linted tree's other files (calls into them are judged from what the callee does); with ``summarise``,
@@ -396,7 +398,7 @@ def lint_source(source: str, path: str = "<string>", rules: Iterable[type[Rule]]
     :class:`InternalError` in ``errors``."""
     with _gc_paused():
         return run_deep(_lint_source, source, path, rules, vocabulary, fix, target_version, unused_noqa,
-                        _Clock(timings), project, module_name, summarise)
+                        _Clock(timings), project, module_name, summarise, preview)
 
 
 @contextmanager
@@ -416,12 +418,12 @@ def _gc_paused() -> Iterator[None]:
 def _lint_source(source: str, path: str, rules: Iterable[type[Rule]] | None, vocabulary: Vocabulary | None,
                  fix: bool, target: tuple[int, int] | None, unused_noqa: bool, clock: _Clock,
                  project: Project | None = None, module_name: str | None = None,
-                 summarise: bool | frozenset[str] = False) -> FileResult:
+                 summarise: bool | frozenset[str] = False, preview: bool = False) -> FileResult:
     result = FileResult(path)
     if project is not None:
         project.begin_file()
     source = source[1:] if source.startswith("\ufeff") else source  # text read without utf-8-sig
-    rule_classes = list(all_rules().values() if rules is None else rules)
+    rule_classes = [r for r in (all_rules().values() if rules is None else rules) if preview or not r.preview]
     lowered = source.lower()
     with clock("triggers"):
         candidates = [r for r in rule_classes if r.may_fire(source, lowered)]
@@ -446,6 +448,7 @@ def _lint_source(source: str, path: str, rules: Iterable[type[Rule]] | None, voc
         try:
             with clock("context"):
                 ctx = Analysis(module, path, vocabulary, project=project, module_name=module_name)
+                ctx.preview = preview
         except Exception as exc:  # the shared analysis failed: no rule can run on this file
             result.errors.append(internal_error(path, None, exc))
             return result
@@ -457,7 +460,7 @@ def _lint_source(source: str, path: str, rules: Iterable[type[Rule]] | None, voc
                 result.errors.append(internal_error(path, rule.code, exc))
                 failed.add(rule.code)
                 continue
-            violations.extend((rule, violation) for violation in found)
+            violations.extend((rule, violation) for violation in found if preview or not violation.preview)
         if project is not None and summarise and module_name:
             try:
                 with clock("summaries"):

@@ -64,6 +64,7 @@ class Invalid:
     why: str = ""
     capability: str | None = None
     style: str | None = None
+    preview: bool = False  # flagged only with preview on (the finding comes from a preview part of the rule)
 
 
 @dataclass
@@ -74,6 +75,9 @@ class Violation:
     message: str
     # (old node, new node) pairs; the engine swaps them by identity, keeping formatting and comments.
     replacements: list[tuple[cst.CSTNode, cst.CSTNode]] = field(default_factory=list)
+    # Found by a part of the rule whose precision on unseen code is not yet shown (ruff's preview): reported only
+    # with `--preview` / `preview = true`. The rule's page says which of its parts are in preview.
+    preview: bool = False
 
 
 @dataclass(frozen=True)
@@ -113,6 +117,12 @@ class Rule:
     triggers: ClassVar[str | tuple[str, ...]]  # a tuple: every pattern must match
     # Whether `--fix` can rewrite what this rule flags; a rule without a safe fix says so in its docs.
     fixable: ClassVar[bool] = False
+    # The whole rule is in preview: it runs only with `--preview` (or `preview = true` in [tool.rlguard]). A rule
+    # is stable when the ecosystem check shows it no FALSE finding, validation precision >= 95%, and renaming a
+    # file's own identifiers changes none of its findings (docs/lint.md, "Stable and preview").
+    preview: ClassVar[bool] = False
+    # What of a stable rule is in preview (shown on its page): the heuristics that yield Violation(preview=True).
+    PREVIEW_PARTS: ClassVar[tuple[str, ...]] = ()
     VALID: ClassVar[list[Valid]] = []
     INVALID: ClassVar[list[Invalid]] = []
 

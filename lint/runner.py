@@ -30,7 +30,7 @@ from rlguard.lint.rule import Finding
 # Folders never walked into (a folder named on the command line is still linted).
 SKIP_DIRS = frozenset({
     ".git", ".hg", ".svn", ".bzr", ".venv", "venv", "__pycache__", "build", "dist", ".tox", ".nox", ".eggs",
-    "node_modules", ".rlguard_cache", ".rlguard_realcode", ".mypy_cache", ".pytest_cache", ".ruff_cache", ".ipynb_checkpoints",
+    "node_modules", ".rlguard_cache", ".rlguard_realcode", ".rlguard_ecosystem", ".mypy_cache", ".pytest_cache", ".ruff_cache", ".ipynb_checkpoints",
     "__pypackages__",
 })
 # Below this many files to parse, worker processes cost more than they save.
@@ -167,7 +167,7 @@ def lint_job(job: tuple) -> FileResult:
     the source roots of the linted tree (where calls into other files find their callee's summary), ``module``
     the file's module name, ``summarise`` whether other linted files import it (its summaries are then kept: all, or the set of
     top-level names they import)."""
-    path, data, codes, names, fix, target, roots, module, summarise = job
+    path, data, codes, names, fix, target, roots, module, summarise, preview = job
     try:
         text, error = decode(data, path)
         if error is not None:
@@ -186,7 +186,7 @@ def lint_job(job: tuple) -> FileResult:
             project = _PROJECTS[(roots, names)] = Project(roots, vocabulary)
         return lint_source(text, path, rules, vocabulary, fix, target_version=target,
                            unused_noqa=UNUSED_NOQA in codes, project=project, module_name=module,
-                           summarise=summarise)
+                           summarise=summarise, preview=preview)
     except Exception as exc:  # the engine itself failed on this file (a libcst quirk, memory...)
         return FileResult(path, errors=[internal_error(path, None, exc)])
 
@@ -253,12 +253,13 @@ def run(paths: Sequence[str | os.PathLike], config: Config, jobs: int = 1, cache
                 report.cache_hits += 1
                 results.append((FileResult(shown, findings=hit[0], suppressed=hit[1]), codes))
                 continue
-        pending.append((shown, data, codes, names, fix, config.target_version, roots, modules[path][0], False))
+        pending.append((shown, data, codes, names, fix, config.target_version, roots, modules[path][0], False,
+                        config.preview))
         meta.append((path, shown, data, codes, key))
 
     # imported modules first, so their summaries are ready when their importers are linted
     order = import_order([job[1] for job in pending], [job[7] for job in pending])
-    pending = [(*pending[i][:8], order.summarise(pending[i][7])) for i in order.order]
+    pending = [(*pending[i][:8], order.summarise(pending[i][7]), pending[i][9]) for i in order.order]
     meta = [meta[i] for i in order.order]
     for (path, shown, data, codes, key), result in zip(meta, _run_jobs(pending, jobs)):
         if result.fixed_source is not None and not result.errors:

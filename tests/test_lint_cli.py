@@ -198,13 +198,18 @@ def test_rule_list_has_every_catalog_code(capsys):
 
     assert main(["rule", "--list"]) == 0
     rows = capsys.readouterr().out.splitlines()
-    assert rows[0].split() == ["CODE", "NAME", "STATIC", "FIX"]
+    assert rows[0].split() == ["CODE", "NAME", "STATIC", "STATUS", "FIX"]
     by_code = {row.split()[0]: row.split() for row in rows[1:]}
     assert list(by_code) == list(CODES)
+    rules = all_rules()
     for code, entry in CODES.items():
         assert by_code[code][1] == entry.name
-    assert by_code["RLG004"][2:] == ["yes", "fix"]
-    assert by_code["RLG014"][2:] == ["no", "(runtime)"]
+        if code in rules:
+            expected = "preview" if rules[code].preview else (
+                "stable/preview" if rules[code].PREVIEW_PARTS else "stable")
+            assert expected in by_code[code]
+    assert by_code["RLG004"][2] == "yes" and by_code["RLG004"][-1] == "fix"
+    assert by_code["RLG014"][2:] == ["no", "(runtime)", "-"]
     for code in all_rules():
         assert by_code[code][2] != "no", code
 

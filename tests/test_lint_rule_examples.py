@@ -1,5 +1,7 @@
-"""Every rule's own examples (Fixit style): each VALID snippet yields no finding of that rule, each INVALID
-snippet at least one, on the pinned line where one is given, and the fixed source where one is given."""
+"""Every rule's own examples (Fixit style): each VALID snippet yields no finding of that rule (in the default
+mode and with preview on), each INVALID snippet at least one, on the pinned line where one is given, and the fixed
+source where one is given. An INVALID example marked ``preview`` is found by a preview part of its rule: flagged
+with preview on and not in the default mode."""
 
 from __future__ import annotations
 
@@ -17,27 +19,32 @@ INVALID = [pytest.param(rule, ex, id=f"{code}-invalid-{i}") for code, rule in RU
            for i, ex in enumerate(rule.INVALID)]
 
 
-def _lint(rule, code, fix=False):
-    return lint_source(textwrap.dedent(code), "example.py", rules=[rule], fix=fix)
+def _lint(rule, code, fix=False, preview=False):
+    return lint_source(textwrap.dedent(code), "example.py", rules=[rule], fix=fix, preview=preview)
 
 
+@pytest.mark.parametrize("preview", [False, True], ids=["default", "preview"])
 @pytest.mark.parametrize("rule, example", VALID)
-def test_valid_example_is_not_flagged(rule, example):
-    result = _lint(rule, example.code)
+def test_valid_example_is_not_flagged(rule, example, preview):
+    result = _lint(rule, example.code, preview=preview)
     assert [f for f in result.findings if f.code == rule.code] == [], example.why
 
 
 @pytest.mark.parametrize("rule, example", INVALID)
 def test_invalid_example_is_flagged(rule, example):
-    result = _lint(rule, example.code)
+    preview = example.preview or rule.preview
+    result = _lint(rule, example.code, preview=preview)
     hits = [f for f in result.findings if f.code == rule.code]
     assert hits, f"{rule.code} missed: {example.why}\n{example.code}"
     if example.line is not None:
         assert example.line in [f.line for f in hits]
+    if example.preview:
+        default = [f for f in _lint(rule, example.code).findings if f.code == rule.code]
+        assert not default, f"{rule.code}: a preview example is flagged without preview: {example.why}"
     if example.fixed is not None:
-        fixed = _lint(rule, example.code, fix=True)
+        fixed = _lint(rule, example.code, fix=True, preview=preview)
         assert fixed.fixed_source == textwrap.dedent(example.fixed)
-        assert not [f for f in _lint(rule, fixed.fixed_source).findings if f.code == rule.code]
+        assert not [f for f in _lint(rule, fixed.fixed_source, preview=preview).findings if f.code == rule.code]
 
 
 @pytest.mark.parametrize("code", [c for c, r in RULES.items()])

@@ -46,6 +46,7 @@ class Analysis:
         self.flow = Flow(self.index)
         self.project = project
         self.module_name = module_name
+        self.preview = False  # set by the engine: whether preview parts of rules report
         self.cache: dict[str, object] = {}  # per-module facts of the facets, by facet name
         self._callees: dict[int, cst.FunctionDef | None] = {}
         self._call_names: dict[int, str | None] = {}
