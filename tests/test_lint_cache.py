@@ -15,8 +15,8 @@ from rlguard.lint import cache as cache_mod
 from rlguard.lint.config import Layer, load_config
 from rlguard.lint.runner import run
 
-ENTROPY_BUG = "loss = pg_loss + ent_coef * entropy.mean()\n"
-SUPPRESSED = "loss = pg_loss + ent_coef * entropy.mean()  # noqa: RLG004\n"
+ENTROPY_BUG = "loss = pg_loss + ent_coef * entropy.mean(); loss.backward()\n"
+SUPPRESSED = "loss = pg_loss + ent_coef * entropy.mean(); loss.backward()  # noqa: RLG004\n"
 
 
 @pytest.fixture
@@ -116,7 +116,7 @@ def test_unwritable_cache_folder_does_not_fail(project):
 
 def test_two_processes_at_once(project):
     for i in range(40):
-        (project / f"n{i}.py").write_text(f"loss = a + c * entropy_{i}\n" if i % 3 == 0 else f"z = {i}\n")
+        (project / f"n{i}.py").write_text(f"loss = a + c * entropy_{i}; loss.backward()\n" if i % 3 == 0 else f"z = {i}\n")
     cmd = [sys.executable, "-m", "rlguard", "lint", "--format", "json", "--jobs", "1", "."]
     env = {k: v for k, v in os.environ.items() if k != "RLGUARD_DEBUG"}
     procs = [subprocess.Popen(cmd, cwd=project, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)

@@ -14,9 +14,9 @@ import pytest
 
 from rlguard.cli import main
 
-ENTROPY_BUG = "loss = pg_loss + ent_coef * entropy.mean()\n"
-KL_BUG = "loss = pg_loss - kl_coef * kl\n"
-CLEAN = "loss = pg_loss - ent_coef * entropy.mean()\n"
+ENTROPY_BUG = "loss = pg_loss + ent_coef * entropy.mean(); loss.backward()\n"
+KL_BUG = "loss = pg_loss - kl_coef * kl; loss.backward()\n"
+CLEAN = "loss = pg_loss - ent_coef * entropy.mean(); loss.backward()\n"
 
 
 @pytest.fixture
@@ -118,10 +118,10 @@ def test_not_utf8_and_unreadable_files(project, capsys):
 
 def test_noqa_codes_bare_and_other_code(project, capsys):
     write(project, "t.py", f"""\
-        loss = pg_loss + ent_coef * entropy.mean()  # noqa: RLG004
-        loss = pg_loss + ent_coef * entropy.mean()  # noqa: RLG011, RLG004
-        loss = pg_loss + ent_coef * entropy.mean()  # noqa
-        loss = pg_loss + ent_coef * entropy.mean()  # noqa: RLG011
+        loss = pg_loss + ent_coef * entropy.mean(); loss.backward()  # noqa: RLG004
+        loss = pg_loss + ent_coef * entropy.mean(); loss.backward()  # noqa: RLG011, RLG004
+        loss = pg_loss + ent_coef * entropy.mean(); loss.backward()  # noqa
+        loss = pg_loss + ent_coef * entropy.mean(); loss.backward()  # noqa: RLG011
         """)
     code, out, _ = lint(capsys)
     assert code == 1

@@ -10,8 +10,8 @@ import pytest
 from rlguard.cli import main
 from rlguard.lint.config import ConfigError, Layer, load_config, matches_any, resolve_selectors
 
-ENTROPY_BUG = "loss = pg_loss + ent_coef * entropy.mean()\n"
-KL_BUG = "loss = pg_loss - kl_coef * kl\n"
+ENTROPY_BUG = "loss = pg_loss + ent_coef * entropy.mean(); loss.backward()\n"
+KL_BUG = "loss = pg_loss - kl_coef * kl; loss.backward()\n"
 
 
 @pytest.fixture
@@ -107,7 +107,7 @@ def test_per_file_ignores(project, capsys):
 
 
 def test_names_extend_what_rules_recognise(project, capsys):
-    bug = "loss = pg_loss + ent_coef * spread_of_policy.mean()\n"
+    bug = "loss = pg_loss + ent_coef * spread_of_policy.mean(); loss.backward()\n"
     project("", a_py=bug)
     assert lint(capsys)[0] == 0  # "spread_of_policy" is not an entropy name...
     project('[tool.rlguard.names]\nentropy = ["spread_of_policy"]\n', a_py=bug)

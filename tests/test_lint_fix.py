@@ -23,18 +23,18 @@ CASES = {
         """\
         def update(batch):
             # the total loss
-            loss = pg_loss   +  ent_coef * entropy.mean()  # keep this comment
+            loss = pg_loss   +  ent_coef * entropy.mean(); loss.backward()  # keep this comment
             loss.backward()
         """,
         """\
         def update(batch):
             # the total loss
-            loss = pg_loss   -  ent_coef * entropy.mean()  # keep this comment
+            loss = pg_loss   -  ent_coef * entropy.mean(); loss.backward()  # keep this comment
             loss.backward()
         """),
     "RLG011": (
-        "loss = pg_loss - kl_coef * kl  # penalty\n",
-        "loss = pg_loss + kl_coef * kl  # penalty\n"),
+        "loss = pg_loss - kl_coef * kl; loss.backward()  # penalty\n",
+        "loss = pg_loss + kl_coef * kl; loss.backward()  # penalty\n"),
     "RLG008": (
         "import copy\n\nref_model = copy.copy(policy)   # frozen reference\n",
         "import copy\n\nref_model = copy.deepcopy(policy)   # frozen reference\n"),
@@ -75,37 +75,37 @@ def test_diff_previews_and_writes_nothing(project, capsys, code):
 
 def test_fix_leaves_unfixable_and_suppressed_findings(project, capsys):
     path = project / "t.py"
-    source = ("loss = pg_loss + ent_coef * entropy.mean()  # noqa: RLG004\n"
-              "loss = pg_loss + ent_coef * entropy.mean()\n")
+    source = ("loss = pg_loss + ent_coef * entropy.mean(); loss.backward()  # noqa: RLG004\n"
+              "loss = pg_loss + ent_coef * entropy.mean(); loss.backward()\n")
     path.write_text(source)
     assert main(["lint", "--no-cache", "--fix", "--select", "RLG004", "t.py"]) == 0
     assert path.read_text().splitlines() == [source.splitlines()[0],
-                                             "loss = pg_loss - ent_coef * entropy.mean()"]
+                                             "loss = pg_loss - ent_coef * entropy.mean(); loss.backward()"]
     capsys.readouterr()
 
 
 def test_fix_uses_a_warm_cache_safely(project, capsys):
     path = project / "t.py"
-    path.write_text("loss = pg_loss + ent_coef * entropy.mean()\n")
+    path.write_text("loss = pg_loss + ent_coef * entropy.mean(); loss.backward()\n")
     assert main(["lint", "t.py"]) == 1  # fills the cache with a fixable finding
     assert main(["lint", "--fix", "t.py"]) == 0
-    assert path.read_text() == "loss = pg_loss - ent_coef * entropy.mean()\n"
+    assert path.read_text() == "loss = pg_loss - ent_coef * entropy.mean(); loss.backward()\n"
     assert main(["lint", "t.py"]) == 0
     capsys.readouterr()
 
 
 def test_fix_keeps_a_utf8_bom_and_crlf(project, capsys):
     path = project / "t.py"
-    path.write_bytes(b"\xef\xbb\xbf# caf\xc3\xa9\r\nloss = pg_loss + ent_coef * entropy\r\n")
+    path.write_bytes(b"\xef\xbb\xbf# caf\xc3\xa9\r\nloss = pg_loss + ent_coef * entropy; loss.backward()\r\n")
     assert main(["lint", "--no-cache", "--fix", "t.py"]) == 0
-    assert path.read_bytes() == b"\xef\xbb\xbf# caf\xc3\xa9\r\nloss = pg_loss - ent_coef * entropy\r\n"
+    assert path.read_bytes() == b"\xef\xbb\xbf# caf\xc3\xa9\r\nloss = pg_loss - ent_coef * entropy; loss.backward()\r\n"
     capsys.readouterr()
 
 
 def test_diff_with_json_keeps_stdout_parseable(project, capsys):
     import json
 
-    (project / "t.py").write_text("loss = pg_loss + ent_coef * entropy\n")
+    (project / "t.py").write_text("loss = pg_loss + ent_coef * entropy; loss.backward()\n")
     assert main(["lint", "--no-cache", "--diff", "--format", "json", "t.py"]) == 1
     out, err = capsys.readouterr()
     assert json.loads(out) == [] and err.startswith("--- a/t.py")

@@ -19,7 +19,7 @@ from rlguard.lint.output import escape_data, escape_property, github, render
 from rlguard.lint.rule import Finding
 from rlguard.lint.runner import LintReport
 
-ENTROPY_BUG = "import torch\nloss = pg_loss + ent_coef * entropy.mean()\n"
+ENTROPY_BUG = "import torch\nloss = pg_loss + ent_coef * entropy.mean(); loss.backward()\n"
 
 
 @pytest.fixture
@@ -170,7 +170,7 @@ def test_sarif_with_odd_paths_is_valid_against_the_official_schema(tmp_path, mon
     for rel in ODD_PATHS:
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / rel).write_text(ENTROPY_BUG)
-    (tmp_path / "a#b.py").write_text(ENTROPY_BUG + "loss = pg_loss - kl_coef * kl\n")
+    (tmp_path / "a#b.py").write_text(ENTROPY_BUG + "loss = pg_loss - kl_coef * kl; loss.backward()\n")
     monkeypatch.chdir(tmp_path)
     assert main(["lint", "--no-cache", "--format", "sarif"]) == 2
     log = json.loads(capsys.readouterr().out)

@@ -242,10 +242,10 @@ def test_bom_and_bad_coding_lines(project, capsys):
 # ----- noqa -------------------------------------------------------------------------------------------------------------
 def test_noqa_in_a_string_does_not_hide_a_finding(project, capsys):
     (project / "s.py").write_text(textwrap.dedent("""\
-        note = "# noqa: RLG004"; loss = pg_loss + ent_coef * entropy.mean()
+        note = "# noqa: RLG004"; loss = pg_loss + ent_coef * entropy.mean(); loss.backward()
         doc = '''
         # noqa
-        '''; loss = pg_loss + ent_coef * entropy.mean()
+        '''; loss = pg_loss + ent_coef * entropy.mean(); loss.backward()
         """))
     code, out, _ = lint(capsys)
     assert code == 1
@@ -256,7 +256,7 @@ def test_noqa_in_a_string_does_not_hide_a_finding(project, capsys):
                                      "# type: ignore  # noqa: RLG004", "# noqa: RLG004 - the bonus is a penalty here",
                                      "#noqa"])
 def test_noqa_spellings_silence(project, capsys, comment):
-    (project / "t.py").write_text(f"loss = pg_loss + ent_coef * entropy.mean()  {comment}\n")
+    (project / "t.py").write_text(f"loss = pg_loss + ent_coef * entropy.mean(); loss.backward()  {comment}\n")
     code, out, _ = lint(capsys)
     assert code == 0 and out == "All checks passed: 1 file, no findings; 1 suppressed by noqa\n"
 
@@ -264,14 +264,14 @@ def test_noqa_spellings_silence(project, capsys, comment):
 @pytest.mark.parametrize("comment", ["# noqa: E501", "# noqa: RLG011", "# noqa RLG004 is wrong"])
 def test_noqa_for_other_codes_does_not_silence(project, capsys, comment):
     expected = 0 if comment == "# noqa RLG004 is wrong" else 1  # no colon: a bare noqa, as in flake8
-    (project / "t.py").write_text(f"loss = pg_loss + ent_coef * entropy.mean()  {comment}\n")
+    (project / "t.py").write_text(f"loss = pg_loss + ent_coef * entropy.mean(); loss.backward()  {comment}\n")
     assert lint(capsys)[0] == expected
 
 
 def test_unused_noqa_is_opt_in_and_names_the_codes(project, capsys):
     (project / "t.py").write_text(textwrap.dedent("""\
-        loss = pg_loss - ent_coef * entropy.mean()  # noqa: RLG004
-        loss = pg_loss + ent_coef * entropy.mean()  # noqa: RLG004, RLG011
+        loss = pg_loss - ent_coef * entropy.mean(); loss.backward()  # noqa: RLG004
+        loss = pg_loss + ent_coef * entropy.mean(); loss.backward()  # noqa: RLG004, RLG011
         x = 1  # noqa: E501
         y = 2  # noqa
         z = 3  # noqa: RLG042, RLG014
@@ -282,8 +282,8 @@ def test_unused_noqa_is_opt_in_and_names_the_codes(project, capsys):
     code, out, _ = lint(capsys, "--extend-select", "RLG901")
     assert code == 1
     assert out.splitlines() == [
-        "t.py:1:45: RLG901 [unused-noqa] unused noqa: RLG004 (no RLG004 finding on this line); remove it",
-        "t.py:2:45: RLG901 [unused-noqa] unused noqa: RLG011 (no RLG011 finding on this line); remove it",
+        "t.py:1:62: RLG901 [unused-noqa] unused noqa: RLG004 (no RLG004 finding on this line); remove it",
+        "t.py:2:62: RLG901 [unused-noqa] unused noqa: RLG011 (no RLG011 finding on this line); remove it",
         "t.py:5:8: RLG901 [unused-noqa] unused noqa: RLG014 (checked at run time only, never by lint), "
         "RLG042 (no such code); remove it",
         "Found 3 findings in 1 of 1 files (RLG901: 3); 1 suppressed by noqa",
@@ -294,17 +294,17 @@ def test_unused_noqa_is_opt_in_and_names_the_codes(project, capsys):
 
 
 def test_add_noqa_writes_comments_that_silence(project, capsys):
-    source = ("loss = pg_loss + ent_coef * entropy.mean()\r\n"
-              "loss = pg_loss - kl_coef * kl  # noqa: E501\r\n"
-              "loss = pg_loss + ent_coef * entropy.mean()  # noqa: RLG011\r\n")
+    source = ("loss = pg_loss + ent_coef * entropy.mean(); loss.backward()\r\n"
+              "loss = pg_loss - kl_coef * kl; loss.backward()  # noqa: E501\r\n"
+              "loss = pg_loss + ent_coef * entropy.mean(); loss.backward()  # noqa: RLG011\r\n")
     (project / "t.py").write_bytes(source.encode())
     (project / "u.py").write_text(ENTROPY_BUG)
     code, out, _ = lint(capsys, "--add-noqa=sign checked by hand", "t.py")
     assert code == 0 and out == "Added 3 noqa directives in 1 file\n"
     assert (project / "t.py").read_bytes().decode() == (
-        "loss = pg_loss + ent_coef * entropy.mean()  # noqa: RLG004 - sign checked by hand\r\n"
-        "loss = pg_loss - kl_coef * kl  # noqa: E501, RLG011\r\n"
-        "loss = pg_loss + ent_coef * entropy.mean()  # noqa: RLG004, RLG011\r\n")
+        "loss = pg_loss + ent_coef * entropy.mean(); loss.backward()  # noqa: RLG004 - sign checked by hand\r\n"
+        "loss = pg_loss - kl_coef * kl; loss.backward()  # noqa: E501, RLG011\r\n"
+        "loss = pg_loss + ent_coef * entropy.mean(); loss.backward()  # noqa: RLG004, RLG011\r\n")
     assert lint(capsys, "t.py")[0] == 0
     assert lint(capsys, "--add-noqa", "u.py")[0] == 0  # no reason; the path is not taken for one
     assert (project / "u.py").read_text() == ENTROPY_BUG.rstrip() + "  # noqa: RLG004\n"
@@ -312,10 +312,10 @@ def test_add_noqa_writes_comments_that_silence(project, capsys):
 
 
 @pytest.mark.parametrize("source, expected", [
-    ('loss = pg_loss + ent_coef * entropy.mean(dim="""\n""")\n',  # line 1 ends inside a string
-     'loss = pg_loss + ent_coef * entropy.mean(dim="""\n""")  # noqa: RLG004\n'),
-    ("loss = pg_loss + ent_coef * \\\n    entropy.mean()\n",  # line 1 ends with a backslash
-     "loss = pg_loss + ent_coef * \\\n    entropy.mean()  # noqa: RLG004\n"),
+    ('(pg_loss + ent_coef * entropy.mean(dim="""\n""")).backward()\n',  # line 1 ends inside a string
+     '(pg_loss + ent_coef * entropy.mean(dim="""\n""")).backward()  # noqa: RLG004\n'),
+    ("(pg_loss + ent_coef * \\\n    entropy.mean()).backward()\n",  # line 1 ends with a backslash
+     "(pg_loss + ent_coef * \\\n    entropy.mean()).backward()  # noqa: RLG004\n"),
 ])
 def test_add_noqa_uses_the_last_line_when_the_first_cannot_carry_a_comment(project, capsys, source, expected):
     (project / "t.py").write_text(source)

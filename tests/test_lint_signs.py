@@ -259,7 +259,7 @@ def test_fixes():
 
 
 def test_length_bias_is_info():
-    result = findings("loss = masked_mean(loss, action_mask, dim=-1).mean()\n")
+    result = findings("loss = masked_mean(loss, action_mask, dim=-1).mean()\nloss.backward()\n")
     assert [(f.code, f.severity) for f in result.findings] == [("RLG010", "info")]
 
 

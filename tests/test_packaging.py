@@ -16,7 +16,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
 
-BUG = "loss = pg_loss + ent_coef * entropy.mean()\n"
+BUG = "loss = pg_loss + ent_coef * entropy.mean(); loss.backward()\n"
 PROBE = ("import sys, importlib.util, rlguard.lint, rlguard.lint.cli, rlguard.lint.runner; "
          "assert 'torch' not in sys.modules, 'rlguard.lint imported torch'; "
          "assert importlib.util.find_spec('torch') is None, 'torch is installed here'; "

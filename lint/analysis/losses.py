@@ -7,9 +7,11 @@ A value is a minimised loss when the code shows it:
 - it is returned by a loss function: a function named for a loss (``compute_policy_loss``, ``loss_fn``), a
   ``forward`` of a class named for one (``class PolicyLoss(nn.Module)``), or a function whose return a
   ``.backward()`` of the module propagates (``self.step_loss(b).backward()``);
-- it is bound to a loss-named variable (``loss``, ``pg_loss``, ``total_loss``) that is not used afterwards except
-  to be returned, logged or handed to code out of view: the end of a loss computation whose backward lies
-  elsewhere. A value only logged, only ``.item()``-ed, stored in a metrics dict or computed under ``no_grad`` is a
+- in preview only (:attr:`Sink.inferred`): it is bound to a loss-named variable (``loss``, ``pg_loss``,
+  ``total_loss``) that is not used afterwards except to be returned, logged or handed to code out of view: the end
+  of a loss computation whose backward lies elsewhere. A local variable's name is a hint, not proof: renaming the
+  variable must not change what the stable rules say, so findings that rest on such a sink alone are preview
+  findings. A value only logged, only ``.item()``-ed, stored in a metrics dict or computed under ``no_grad`` is a
   metric, never a loss.
 
 Sign rules decompose each sink into signed terms (:mod:`~rlguard.lint.analysis.signs`) and judge the terms; a
@@ -49,6 +51,11 @@ class Sink:
     node: cst.CSTNode  # the backward call, return statement or assignment
     kind: str  # "backward", "return", "named"
     defn: Def | None = None  # for "named": the definition of the loss-named variable
+
+    @property
+    def inferred(self) -> bool:
+        """Whether only a local variable's name makes this value a loss (a preview sink: see the module doc)."""
+        return self.kind == "named"
 
     def terms(self, sign_of, stop=None):
         """The sink's value as signed terms."""

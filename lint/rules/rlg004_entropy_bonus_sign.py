@@ -62,6 +62,7 @@ class EntropyBonusSign(Rule):
     triggers = r"(?i)\bent\b|log\(|log_softmax|(?<!cross)(?<!cross-)(?<!cross_)(?<!cross )entrop"
     fixable = True
 
+    PREVIEW_PARTS = ("a loss known only by the name of the local variable that holds it (`loss = ...` with no backward, loss function or optimising caller in view)",)
     VALID = [
         Valid("loss = pg_loss - ent_coef * entropy.mean()\n", "the bonus is subtracted from the loss"),
         Valid("entropy_loss = -entropy.mean()\nloss = pg_loss + ent_coef * entropy_loss\n",
@@ -146,16 +147,16 @@ class EntropyBonusSign(Rule):
     ]
     INVALID = [
         Invalid("loss = pg_loss + ent_coef * entropy.mean()\n", line=1,
-                fixed="loss = pg_loss - ent_coef * entropy.mean()\n"),
+                fixed="loss = pg_loss - ent_coef * entropy.mean()\n", preview=True),
         Invalid("loss = loss + ENTROPY_COEF * entropy_bonus(logits, mask)\n", line=1,
-                fixed="loss = loss - ENTROPY_COEF * entropy_bonus(logits, mask)\n"),
-        Invalid("loss += 0.01 * entropy\n", line=1, fixed="loss -= 0.01 * entropy\n"),
-        Invalid("total_loss = pg_loss + vf_coef * vf_loss + self.entropy_coef * ent.mean()\n", line=1),
+                fixed="loss = loss - ENTROPY_COEF * entropy_bonus(logits, mask)\n", preview=True),
+        Invalid("loss += 0.01 * entropy\n", line=1, fixed="loss -= 0.01 * entropy\n", preview=True),
+        Invalid("total_loss = pg_loss + vf_coef * vf_loss + self.entropy_coef * ent.mean()\n", line=1, preview=True),
         Invalid("ent = dist.entropy()\nout = pg + c * ent\nout.backward()\n", line=2,
                 why="not named like a loss, but it is .backward()-ed", capability="C2", style="script"),
-        Invalid("loss = pg_loss - ent_coef * (-entropy)\n", line=1, why="double negation is a penalty"),
+        Invalid("loss = pg_loss - ent_coef * (-entropy)\n", line=1, why="double negation is a penalty", preview=True),
         Invalid("h = entropy_from_logits(logits)\nloss = pg_loss + beta_ent * h.mean()\n", line=2,
-                why="entropy through an alias"),
+                why="entropy through an alias", preview=True),
         Invalid("entropy_loss = entropy.mean()\nloss = pg_loss + args.ent_coef * entropy_loss\nloss.backward()\n",
                 line=2, why="CleanRL spelling with the sign flipped: reported where the component joins the loss"),
         Invalid("def token_entropy(p):\n"
@@ -222,8 +223,8 @@ def judge_terms(ctx: Analysis, kind: str, want: int, message: str,
     def stop(expr, frame):
         return quantity.sign(kind, expr, frame) is not None
 
-    reported: set[int] = set()
-    found_at: dict[int, list[tuple[cst.CSTNode, Violation]]] = {}
+    reported: set[tuple[int, bool]] = set()
+    found_at: dict[int, list[tuple[cst.CSTNode, Violation, bool]]] = {}
     for sink in loss.sinks():
         name = sink_name(ctx, sink)
         if name is not None and ctx.names.is_role(name, kind) and not ctx.names.is_role(name, "mask"):
@@ -242,30 +243,33 @@ def judge_terms(ctx: Analysis, kind: str, want: int, message: str,
             if origin is not None:
                 # a helper presents the negated quantity as the quantity, and its caller trusts it: the helper is
                 # where the sign goes wrong (an effect summary from its code, not its name)
-                if id(origin) not in reported:
-                    reported.add(id(origin))
-                    yield Violation(origin, helper_message or message)
+                found_at.setdefault(id(origin), []).append((origin, Violation(
+                    origin, helper_message or message), sink.inferred))
                 continue
             stmt, value, operand = loss.joining(sink, term)
-            if id(operand) in reported:
+            if (id(operand), sink.inferred) in reported:
                 continue
-            reported.add(id(operand))
+            reported.add((id(operand), sink.inferred))
             helper = _negating_helper_elsewhere(ctx, quantity, sign_of, kind, found[0][0], term.frame)
             if helper is not None:
                 role = "an entropy bonus" if kind == "entropy" else "a KL penalty"
                 found_at.setdefault(id(found[0][0]), []).append((found[0][0], Violation(
                     operand, f"`{helper}` (another file of the tree) returns minus the {what(kind)}, and it enters "
                              f"this minimised loss with the sign of {role}, so it acts the wrong way; fix the helper "
-                             "or the sign here")))
+                             "or the sign here"), sink.inferred))
                 continue
             found_at.setdefault(id(found[0][0]), []).append((found[0][0], Violation(
-                operand, message, flip(stmt, value, operand))))
+                operand, message, flip(stmt, value, operand)), sink.inferred))
     # one term reached from several sinks (the helper's returned loss, the caller's loss, its backward) is one
-    # fault: report it where it joins the sum, in the function that holds the term
+    # fault: report it where it joins the sum, in the function that holds the term; it is a preview finding when
+    # only sinks inferred from a variable's name reach it
     for candidates in found_at.values():
         home = ctx.enclosing_function(candidates[0][0])
-        local = [v for _, v in candidates if ctx.enclosing_function(v.node) is home]
-        yield local[0] if local else candidates[0][1]
+        shown = [(v, inferred) for _, v, inferred in candidates]
+        local = [c for c in shown if ctx.enclosing_function(c[0].node) is home] or shown
+        violation = local[0][0]
+        violation.preview = all(inferred for _, inferred in shown)
+        yield violation
 
 
 def what(kind: str) -> str:

@@ -91,6 +91,7 @@ class AdvantageSign(Rule):
                 r"|(?:clamp|clip)\([^)\n]*(?:\b1\s*[-+]|\b0\.\d+\s*,\s*1\.\d)"
                 r"|(?:returns?|rewards?)\s*\*\s*\w*(?:ratio|log_?prob|logp)|A\s*\*\s*\w*(?:ratio|log_?prob|logp)")
 
+    PREVIEW_PARTS = ("a loss known only by the name of the local variable that holds it (`loss = ...` with no backward, loss function or optimising caller in view)",)
     VALID = [
         Valid("ratio = torch.exp(logp - old_logp)\n"
               "pg_loss = -torch.min(ratio * adv, torch.clamp(ratio, 0.8, 1.2) * adv).mean()\n",
@@ -172,7 +173,7 @@ class AdvantageSign(Rule):
                 "    advantages = -advantages\n    return advantages\n", line=3, why="negated advantages"),
         Invalid("adv = -(rewards - baseline)\n", line=1, why="negated reward minus baseline"),
         Invalid("loss = (ratio * adv).mean()\nloss.backward()\n", line=1, why="surrogate not negated"),
-        Invalid("pg_loss = torch.max(ratio * A, clipped * A).mean()\n", line=1, why="max of positive surrogates"),
+        Invalid("pg_loss = torch.max(ratio * A, clipped * A).mean()\n", line=1, why="max of positive surrogates", preview=True),
         Invalid("loss = -torch.max(ratio * adv, torch.clamp(ratio, 0.8, 1.2) * adv).mean()\n", line=1,
                 why="negated max: optimistic clip"),
         Invalid("surr1 = -ratio * advantages\nsurr2 = -torch.clamp(ratio, 0.8, 1.2) * advantages\n"
@@ -265,7 +266,7 @@ class AdvantageSign(Rule):
                 if inner is not None:
                     judged.append((sink, term, term.sign * inner))
         correct_vias = [{id(s) for _, s in term.via} for _, term, net in judged if net < 0]
-        reported: set[int] = set()
+        unnegated: dict[int, tuple[cst.CSTNode, bool]] = {}  # operand -> (operand, reached by inferred sinks only)
         for sink, term, net in judged:
             if net < 0:
                 continue
@@ -275,12 +276,12 @@ class AdvantageSign(Rule):
             if any(ctx.contains(c, term.expr) or any(ctx.contains(s, c) for s in stmts) for c in bad_clips):
                 continue
             stmt, value, operand = start(ctx, sink, term)
-            if id(operand) in reported:
-                continue
-            reported.add(id(operand))
+            seen = unnegated.get(id(operand))
+            unnegated[id(operand)] = (operand, sink.inferred and (seen is None or seen[1]))
+        for operand, inferred in unnegated.values():
             yield Violation(operand, "the policy-gradient surrogate (ratio * A) enters a minimised loss with a + "
                                      "sign, so the update makes high-advantage episodes less likely; negate it: "
-                                     "loss = -(ratio * A).mean()")
+                                     "loss = -(ratio * A).mean()", preview=inferred)
 
         # 2 (report). negated advantages, unless a later negation undoes it on the way into a correct loss
         for stmt in negations:
@@ -519,10 +520,11 @@ def _unguarded_dual_clips(ctx: Analysis, judge: "_Surrogates") -> Iterator[Viola
                 break
             if sinks is None:
                 sinks = [(sink, sink.terms(sign_of, judge.stop)) for sink in loss.sinks()]
-            reached = any(ctx.contains(call, t.expr) or any(ctx.contains(call, read) for read, _ in t.via)
-                          for _, terms in sinks for t in terms)
+            reached = [sink for sink, terms in sinks for t in terms
+                       if ctx.contains(call, t.expr) or any(ctx.contains(call, read) for read, _ in t.via)]
             if reached:
                 yield Violation(call, "dual-clip bound applied to every token: for a positive advantage -c * A is "
                                       "below the clipped loss, so those tokens get a constant loss and no gradient; "
-                                      "apply it where A < 0: torch.where(A < 0, torch.min(clipped, -c * A), clipped)")
+                                      "apply it where A < 0: torch.where(A < 0, torch.min(clipped, -c * A), clipped)",
+                                preview=all(sink.inferred for sink in reached))
             break

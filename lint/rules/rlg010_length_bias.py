@@ -71,6 +71,7 @@ class LengthBias(Rule):
     triggers = (r"mask\w*\s*\)?\s*\.sum\(\s*(?:dim\s*=\s*|axis\s*=\s*)?-?1\b|masked_mean\("
                 r"|torch\.sum\(\s*\w*mask")
 
+    PREVIEW_PARTS = ("a loss known only by the name of the local variable that holds it (`loss = ...` with no backward, loss function or optimising caller in view)",)
     VALID = [
         Valid("loss = (per_token_loss * mask).sum() / mask.sum()\n", "token mean"),
         Valid("loss = masked_mean(loss, action_mask)\n", "masked mean over everything"),
@@ -116,16 +117,16 @@ class LengthBias(Rule):
     ]
     INVALID = [
         Invalid("loss = ((per_token_loss * completion_mask).sum(dim=1) / completion_mask.sum(dim=1)).mean()\n",
-                line=1),
-        Invalid("loss = masked_mean(loss, action_mask, dim=-1).mean()\n", line=1, why="OpenRLHF form"),
+                line=1, preview=True),
+        Invalid("loss = masked_mean(loss, action_mask, dim=-1).mean()\n", line=1, why="OpenRLHF form", preview=True),
         Invalid("per_seq = (values * mask).sum(-1) / mask.sum(-1).clamp(min=1)\nloss = per_seq.sum() / n_seqs\n",
-                line=2, why="sum over sequences divided by their count"),
+                line=2, why="sum over sequences divided by their count", preview=True),
         Invalid("seq_loss = (pg * self.loss_mask).sum(1) / (self.loss_mask.sum(1) + 1e-8)\n"
                 "loss = seq_loss.mean()\nloss.backward()\n", line=2, why="through a name, eps in the denominator"),
         Invalid("loss = torch.mean(torch.sum(l * response_mask, dim=-1) / torch.sum(response_mask, dim=-1))\n",
-                line=1, why="torch functions"),
+                line=1, why="torch functions", preview=True),
         Invalid("m = batch['action_mask']\nper_seq = masked_mean(token_loss, m, axis=1)\nloss = per_seq.mean()\n",
-                line=3, why="alias of the mask, axis keyword"),
+                line=3, why="alias of the mask, axis keyword", preview=True),
             # ----- C10: a token-sum label whose branch takes each sequence's token mean -----
         Invalid("def reduce_loss(per_tok, m, agg):\n"
                 "    if agg == 'seq-mean-token-sum':\n"
@@ -159,7 +160,7 @@ class LengthBias(Rule):
         for call in ctx.nodes(cst.Call):
             inner = agg.sequence_mean_of(call)
             if inner is not None and agg.per_sequence_mean(inner) and not _mode_switch(ctx, call) and agg.in_loss(call):
-                yield Violation(call, _MESSAGE)
+                yield Violation(call, _MESSAGE, preview=agg.only_inferred(call))
         # a branch labelled as summing each sequence's tokens that takes their mean (C10)
         for node in ctx.nodes(cst.Call, cst.BinaryOperation):
             if agg.direct_sequence_mean(node):
@@ -172,7 +173,7 @@ class LengthBias(Rule):
             left = op.left
             if ctx.method(left) == "sum" and not left.args and not agg.mask_sum(op.right) and agg.per_sequence_mean(
                     S.receiver(left)) and not _mode_switch(ctx, op) and agg.in_loss(op):
-                yield Violation(op, _MESSAGE)
+                yield Violation(op, _MESSAGE, preview=agg.only_inferred(op))
 
 
 _MESSAGE = ("the loss is a mean over sequences of per-sequence token means, so tokens of long sequences weigh less "
@@ -188,27 +189,35 @@ _LABEL_MESSAGE = ("the branch {label!r} says each sequence's tokens are summed, 
 class _Aggregation:
     def __init__(self, ctx: Analysis):
         self.ctx = ctx
-        self._loss_statements: set[int] | None = None
-        self._sink_nodes: list | None = None
+        # per kind of sink (False: shown by the code; True: inferred from a variable's name, a preview sink)
+        self._loss_statements: dict[bool, set[int]] | None = None
+        self._sink_nodes: dict[bool, list] = {}
 
     def in_loss(self, node: cst.CSTNode) -> bool:
         """Whether ``node`` is part of a minimised loss: inside a loss sink's value, or in a statement a loss
         flows through (a value only logged, ``.item()``-ed or fed to a controller is a metric)."""
+        return self._reached_by(node, False) or self._reached_by(node, True)
+
+    def only_inferred(self, node: cst.CSTNode) -> bool:
+        """Whether only sinks inferred from a variable's name make ``node`` part of a loss (a preview finding)."""
+        return not self._reached_by(node, False)
+
+    def _reached_by(self, node: cst.CSTNode, inferred: bool) -> bool:
         ctx = self.ctx
         if self._loss_statements is None:
-            stmts: set[int] = set()
-            nodes = []
+            self._loss_statements = {False: set(), True: set()}
+            self._sink_nodes = {False: [], True: []}
             sign_of = signs(ctx)
             for sink in losses(ctx).sinks():
-                nodes.append(sink.expr)
+                self._sink_nodes[sink.inferred].append(sink.expr)
+                stmts = self._loss_statements[sink.inferred]
                 stmts.add(id(sink.node))
                 for term in sink.terms(sign_of):
                     stmts.update(id(s) for _, s in term.via)
-            self._loss_statements, self._sink_nodes = stmts, nodes
-        if any(node is n or ctx.contains(n, node) for n in self._sink_nodes):
+        if any(node is n or ctx.contains(n, node) for n in self._sink_nodes[inferred]):
             return True
         stmt = ctx.index.statement_of(node)
-        return id(stmt) in self._loss_statements
+        return id(stmt) in self._loss_statements[inferred]
 
     def sequence_mean_of(self, call: cst.Call):
         """For ``x.mean()`` / ``x.mean(0)`` / ``torch.mean(x)``: ``x``; else None."""

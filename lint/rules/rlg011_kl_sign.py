@@ -83,6 +83,7 @@ class KlSign(Rule):
     triggers = r"kl(?:_|\b)|_kl|ref_?log|ref_per_token|reference_log|log\(|log_softmax"
     fixable = True
 
+    PREVIEW_PARTS = ("a loss known only by the name of the local variable that holds it (`loss = ...` with no backward, loss function or optimising caller in view)",)
     VALID = [
         Valid("loss = pg_loss + kl_coef * kl\n", "the penalty is added to the loss"),
         Valid("loss = pg_loss\nloss += beta * kl_loss\n", "augmented assignment"),
@@ -154,9 +155,9 @@ class KlSign(Rule):
               style="functional"),
     ]
     INVALID = [
-        Invalid("loss = pg_loss - kl_coef * kl\n", line=1, fixed="loss = pg_loss + kl_coef * kl\n"),
+        Invalid("loss = pg_loss - kl_coef * kl\n", line=1, fixed="loss = pg_loss + kl_coef * kl\n", preview=True),
         Invalid("loss = pg_loss\nloss -= self.beta * kl.mean()\n", line=2,
-                fixed="loss = pg_loss\nloss += self.beta * kl.mean()\n"),
+                fixed="loss = pg_loss\nloss += self.beta * kl.mean()\n", preview=True),
         Invalid("rewards = rewards + beta * kl\n", line=1, fixed="rewards = rewards - beta * kl\n"),
         Invalid("scores = scores + self.kl_coef * (logprobs - ref_logprobs).sum(-1)\n", line=1,
                 fixed="scores = scores - self.kl_coef * (logprobs - ref_logprobs).sum(-1)\n"),
@@ -169,7 +170,7 @@ class KlSign(Rule):
                 "    loss = pg_loss - cfg.ent_coef * entropy\n"
                 "    loss = loss - cfg.kl_coef * kl\n    return loss\n", line=4),
         Invalid("kl = ref_logp - logp\nloss = policy_loss + beta * kl.mean()\n", line=2,
-                why="kl written as ref - logp, then added: -KL in the loss"),
+                why="kl written as ref - logp, then added: -KL in the loss", preview=True),
         Invalid("non_score_reward = kl_coef * (logprobs - ref_logprobs)\n", line=1, why="positive non-score reward"),
         Invalid("def kl(p, q):\n"
                 "    d = torch.log(q) - torch.log(p)\n"

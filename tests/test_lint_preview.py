@@ -1,0 +1,91 @@
+"""Stable and preview (ruff's model): a finding that rests only on a heuristic whose precision on unseen code is
+not shown is reported with ``--preview`` / ``preview = true``, and never in the default mode."""
+
+from __future__ import annotations
+
+import pytest
+
+from rlguard.cli import main
+from rlguard.lint import lint_source
+from rlguard.lint.config import ConfigError, Layer, load_config
+
+# The minimised loss is known only by its variable's name (no backward, no loss function in view): a preview sink.
+NAMED_ONLY = "loss = pg_loss + ent_coef * entropy.mean()\n"
+# The same term reaching a backward: the sink is shown by the code, so the stable rule reports it.
+BACKWARD = "loss = pg_loss + ent_coef * entropy.mean()\nloss.backward()\n"
+# Renamed: the same program with a neutral local name.
+RENAMED = "v1 = pg_loss + ent_coef * entropy.mean()\nv1.backward()\n"
+
+
+def codes(source: str, preview: bool) -> list[str]:
+    return [f.code for f in lint_source(source, "t.py", preview=preview).findings]
+
+
+def test_a_loss_known_only_by_its_name_is_a_preview_finding():
+    assert codes(NAMED_ONLY, preview=False) == []
+    assert codes(NAMED_ONLY, preview=True) == ["RLG004"]
+
+
+def test_a_loss_shown_by_its_backward_is_stable_and_survives_renaming():
+    assert codes(BACKWARD, preview=False) == ["RLG004"]
+    assert codes(RENAMED, preview=False) == ["RLG004"]
+
+
+@pytest.fixture
+def project(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "t.py").write_text(NAMED_ONLY)
+    return tmp_path
+
+
+def lint(capsys, *args):
+    code = main(["lint", "--no-cache", *args])
+    return code, capsys.readouterr().out
+
+
+def test_cli_flag_and_config_key(project, capsys):
+    (project / "pyproject.toml").write_text("[tool.rlguard]\n")
+    assert lint(capsys)[0] == 0
+    code, out = lint(capsys, "--preview")
+    assert code == 1 and "RLG004" in out
+    (project / "pyproject.toml").write_text("[tool.rlguard]\npreview = true\n")
+    assert lint(capsys)[0] == 1
+    assert lint(capsys, "--no-preview")[0] == 0  # the command line wins over the file
+
+
+def test_preview_must_be_a_boolean(project):
+    (project / "pyproject.toml").write_text('[tool.rlguard]\npreview = "yes"\n')
+    with pytest.raises(ConfigError, match="preview must be true or false"):
+        load_config([project])
+
+
+def test_preview_is_part_of_the_cache_key(project, capsys):
+    (project / "pyproject.toml").write_text("[tool.rlguard]\n")
+    assert main(["lint"]) == 0
+    assert main(["lint", "--preview"]) == 1  # not the default mode's cached "clean"
+    capsys.readouterr()
+
+
+def test_a_preview_rule_runs_only_in_preview_mode(monkeypatch):
+    from rlguard.lint import rule as rule_module
+    from rlguard.lint.config import _lint_codes  # noqa: F401 - the catalog codes lint knows
+
+    rules = rule_module.all_rules()
+    monkeypatch.setattr(rules["RLG004"], "preview", True)
+    default = load_config([], cli=Layer(), isolated=True)
+    assert "RLG004" not in default.selected
+    assert "RLG004" in load_config([], cli=Layer(preview=True), isolated=True).selected
+    assert codes(BACKWARD, preview=False) == []
+    assert codes(BACKWARD, preview=True) == ["RLG004"]
+    with pytest.raises(ConfigError, match="in preview: add --preview"):
+        load_config([], cli=Layer(select=("RLG004",)), isolated=True)
+
+
+def test_rule_pages_say_the_status():
+    from rlguard.lint.docs import render_page
+
+    page = render_page("RLG004")
+    assert "| static check | status | severity | autofix |" in page
+    assert "| yes | stable/preview | error |" in page
+    assert "Stable, with parts in preview" in page and "name of the local variable" in page
+    assert "| yes | stable | error |" in render_page("RLG013")
