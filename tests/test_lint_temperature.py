@@ -134,3 +134,21 @@ def test_reference_logps_alone_are_not_the_policy_side():
             logits = ref_model(batch["ids"]).logits
             return torch.log_softmax(logits[:, :-1], -1).gather(-1, batch["ids"][:, 1:, None]).squeeze(-1)
     """) == []
+
+
+def test_a_config_default_that_names_another_config_field_does_not_loop():
+    # found by the ecosystem check (RLG902: RecursionError in RLG007): a field default read from a config object
+    # sent the value walk back to the same field forever
+    from rlguard.lint import lint_source
+
+    source = textwrap.dedent("""\
+        class Config:
+            temperature: float = config.temperature
+
+        def sample(model, ids, config):
+            out = model.generate(ids, temperature=config.temperature, do_sample=True)
+            logits = model(out).logits / config.temperature
+            return logits.log_softmax(-1)
+        """)
+    result = lint_source(source, "t.py")
+    assert result.errors == []

@@ -793,14 +793,16 @@ def _resolve(ctx: Analysis, expr: cst.BaseExpression, depth: int = 6) -> float |
         if len(values) == 1:
             return values.pop()
         if not assigns and key.startswith("self."):
-            return _class_default(ctx, key.split(".")[1])
+            return _class_default(ctx, key.split(".")[1], depth - 1)
         return None
     if isinstance(expr, cst.Attribute) and CONFIG_OBJECT.fullmatch(dotted_name(expr.value) or ""):
-        return _class_default(ctx, expr.attr.value)
+        return _class_default(ctx, expr.attr.value, depth - 1)
     return None
 
 
-def _class_default(ctx: Analysis, attr: str) -> float | None:
+def _class_default(ctx: Analysis, attr: str, depth: int) -> float | None:
+    """The default of field ``attr`` in the module's config classes (a default that names another config field
+    is resolved with the depth left: `temperature: float = cfg.temperature` must not loop)."""
     values = set()
     for cls in ctx.nodes(cst.ClassDef):
         for stmt in cls.body.body:
@@ -809,15 +811,15 @@ def _class_default(ctx: Analysis, attr: str) -> float | None:
             for small in stmt.body:
                 if isinstance(small, cst.AnnAssign) and isinstance(small.target, cst.Name) \
                         and small.target.value == attr and small.value is not None:
-                    values.add(_resolve(ctx, small.value, 0))
+                    values.add(_resolve(ctx, small.value, depth))
                 elif isinstance(small, cst.Assign) and len(small.targets) == 1 and isinstance(
                         small.targets[0].target, cst.Name) and small.targets[0].target.value == attr:
-                    values.add(_resolve(ctx, small.value, 0))
+                    values.add(_resolve(ctx, small.value, depth))
     for call in ctx.nodes(cst.Call):  # Config(temperature=0.7) overrides a default
         value = argument(call, None, attr)
         if value is not None and isinstance(call.func, cst.Name) and call.func.value in {
                 c.name.value for c in ctx.nodes(cst.ClassDef)}:
-            values.add(_resolve(ctx, value, 0))
+            values.add(_resolve(ctx, value, depth))
     return values.pop() if len(values) == 1 else None
 
 
