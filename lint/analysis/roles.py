@@ -169,6 +169,78 @@ def old_logp_arguments(a: "Analysis") -> list[tuple[cst.BaseExpression, cst.Call
     return a.facet("old_logp_arguments", build)
 
 
+# ----- targets by their use --------------------------------------------------------------------------------------
+def target_role_by_use(a: "Analysis", d: Def) -> str | None:
+    """The target role (:data:`TARGET_ROLES`) the value bound by ``d`` plays by how the module uses it, never by
+    the name it is bound to: the weight of both sides of a PPO clip (advantages), or a value passed to a keyword
+    or a same-module parameter, or stored under a string key, that names the role (``old_logp=x``,
+    ``batch["returns"] = x``): the interface a value meets, which renaming its variable does not change. (The
+    ``y`` of ``exp(cur - y)`` is no evidence: the k3 KL estimator ``exp(ref - logp)`` puts the live log-probs
+    there.)"""
+    found = a.cache.setdefault("target_role_by_use", {})
+    if id(d) in found:
+        return found[id(d)]
+    role = None
+    for read, role_here in _role_reads(a):
+        if key_of(read) == d.key and any(r is d for r in a.flow.reaching(d.key, read)):
+            role = role_here
+            break
+    found[id(d)] = role
+    return role
+
+
+def _role_reads(a: "Analysis") -> list[tuple[cst.BaseExpression, str]]:
+    """(read, role) for every read whose use gives it a target role (see :func:`target_role_by_use`)."""
+    def build(an):
+        from rlguard.lint.analysis.values import bind_arguments
+
+        out: list[tuple[cst.BaseExpression, str]] = []
+
+        def add(expr, role):
+            while isinstance(expr, cst.Call) and S.method_name(expr) in REDUCING | {"unsqueeze"}:
+                expr = S.receiver(expr)
+            if expr is not None and key_of(expr) is not None:
+                out.append((expr, role))
+
+        for call in an.nodes(cst.Call):
+            for arg in call.args:
+                if arg.keyword is not None:
+                    role = _interface_role(an, arg.keyword.value)
+                    if role:
+                        add(arg.value, role)
+            func = an.callee(call)
+            if func is not None:
+                for param, (value, _frame) in bind_arguments(func, call, None):
+                    role = _interface_role(an, param)
+                    if role and not any(arg.keyword is not None and arg.keyword.value == param for arg in call.args):
+                        add(value, role)
+        for stmt in an.nodes(cst.Assign):
+            for target in stmt.targets:
+                t = target.target
+                if isinstance(t, cst.Subscript) and len(t.slice) == 1 and isinstance(t.slice[0].slice, cst.Index):
+                    key = t.slice[0].slice.value
+                    if isinstance(key, cst.SimpleString):
+                        role = _interface_role(an, key.evaluated_value)
+                        if role:
+                            add(stmt.value, role)
+        for key, defs in clip_weights(an):
+            for node in an.nodes(cst.Name, cst.Attribute):
+                if key_of(node) == key and frozenset(id(x) for x in an.flow.reaching(key, node)) == defs:
+                    out.append((node, "advantages"))
+                    break
+        return out
+    return a.facet("role_reads", build)
+
+
+def _interface_role(a: "Analysis", name: str) -> str | None:
+    if not isinstance(name, str) or name in TOO_GENERIC:
+        return None
+    for role in TARGET_ROLES:
+        if a.names.is_role(name, role):
+            return role
+    return None
+
+
 # ----- advantages by their use ----------------------------------------------------------------------------------
 def clip_weights(a: "Analysis") -> frozenset:
     """The values that weigh both sides of a PPO clip: in ``min/max(r * x, clamp(r, lo, hi) * x)`` (each side

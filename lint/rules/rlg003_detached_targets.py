@@ -11,7 +11,7 @@ from rlguard.catalog import DETACHED_TARGETS
 from rlguard.lint.analysis import Analysis, dotted_name
 from rlguard.lint.analysis.index import Def
 from rlguard.lint.analysis.provenance import forwards
-from rlguard.lint.analysis.roles import hinted_role, in_model_code, is_backpropagated
+from rlguard.lint.analysis.roles import hinted_role, in_model_code, is_backpropagated, target_role_by_use
 from rlguard.lint.rule import Invalid, Rule, Valid, Violation
 
 LOGP_WORD = re.compile(r"(?i)log_?probs?|logps?|logprobs?")
@@ -162,59 +162,87 @@ class DetachedTargets(Rule):
     ]
     INVALID = [
         Invalid("old_logp = compute_logp(model, ids)\n", line=1,
-                fixed="old_logp = compute_logp(model, ids).detach()\n"),
+                fixed="old_logp = compute_logp(model, ids).detach()\n", preview=True),
         Invalid("values = self.critic(obs).squeeze(-1)\n"
                 "advantages = returns - values\n", line=2,
                 fixed="values = self.critic(obs).squeeze(-1)\n"
-                      "advantages = (returns - values).detach()\n", why="values from the value head carry grad"),
+                      "advantages = (returns - values).detach()\n", why="values from the value head carry grad", preview=True),
         Invalid("ref_logits = self.ref_model(input_ids).logits\n"
                 "ref_per_token_logps = selective_log_softmax(ref_logits, input_ids)\n", line=2,
                 fixed="ref_logits = self.ref_model(input_ids).logits\n"
-                      "ref_per_token_logps = selective_log_softmax(ref_logits, input_ids).detach()\n"),
+                      "ref_per_token_logps = selective_log_softmax(ref_logits, input_ids).detach()\n", preview=True),
         Invalid("class Trainer:\n"
                 "    def collect(self, ids):\n"
                 "        self.old_log_probs = self.token_logp(self.policy, ids)\n", line=3,
-                why="a self. attribute"),
+                why="a self. attribute", preview=True),
         Invalid("def token_logp(model, ids):\n"
                 "    logits = model(ids).logits[:, :-1]\n"
                 "    return torch.gather(logits.log_softmax(-1), 2, ids[:, 1:, None]).squeeze(-1)\n"
                 "\n"
                 "behavior_logp = token_logp(policy, ids)\n", line=5, why="a same-module helper runs the forward",
-                capability="C1", style="functional"),
+                capability="C1", style="functional", preview=True),
         Invalid("_, old_logprobs, _, value = agent.get_action_and_value(obs)\n", line=1,
-                why="tuple unpacking, no fix", capability="C1", style="script"),
+                why="tuple unpacking, no fix", capability="C1", style="script", preview=True),
         Invalid("with torch.no_grad():\n"
                 "    rewards = reward_model(ids)\n"
                 "next_values = critic(next_obs)\n"
-                "returns = rewards + gamma * next_values\n", line=4, why="bootstrapped returns carry grad"),
+                "returns = rewards + gamma * next_values\n", line=4, why="bootstrapped returns carry grad", preview=True),
         Invalid("logits = policy(ids).logits\n"
                 "logp = logits.log_softmax(-1)\n"
                 "old_logp = logp\n", line=3, fixed="logits = policy(ids).logits\n"
                                                    "logp = logits.log_softmax(-1)\n"
                                                    "old_logp = logp.detach()\n", why="alias of the live logp",
-                capability="C1", style="script"),
+                capability="C1", style="script", preview=True),
         Invalid("def logp_of(net, toks):\n"
                 "    z = net(toks).logits\n"
                 "    z = z[:, :-1] / tau\n"
                 "    return z.log_softmax(-1).gather(-1, toks[:, 1:, None]).squeeze(-1)\n\n"
                 "behaviour_lp = logp_of(net, toks)\n", line=6,
-                why="z = f(z) reads the model call above it, inside a helper", capability="C1", style="functional"),
+                why="z = f(z) reads the model call above it, inside a helper", capability="C1", style="functional", preview=True),
         Invalid("def logp_and_values(net, toks):\n"
                 "    out = net(toks)\n"
                 "    lp = out.logits[:, :-1].log_softmax(-1).gather(-1, toks[:, 1:, None]).squeeze(-1)\n"
                 "    return lp, out.value\n\n"
                 "old_logp, v = logp_and_values(policy, ids)\n", line=6,
                 why="the first element of a helper's tuple, computed with autograd on", capability="C1",
-                style="functional"),
+                style="functional", preview=True),
         Invalid("class Trainer:\n"
                 "    def step(self, batch):\n"
                 "        v = self.critic(batch['obs']).squeeze(-1)\n"
                 "        v = v * batch['mask']\n"
                 "        adv = batch['returns'] - v\n"
                 "        return adv\n", line=5,
-                why="the rebinding v = v * mask keeps the critic's graph", capability="C1", style="framework"),
+                why="the rebinding v = v * mask keeps the critic's graph", capability="C1", style="framework", preview=True),
         Invalid("adv = gae(rewards, self.value_head(hidden).squeeze(-1), gamma, lam)\n", line=1,
-                fixed="adv = gae(rewards, self.value_head(hidden).squeeze(-1), gamma, lam).detach()\n"),
+                fixed="adv = gae(rewards, self.value_head(hidden).squeeze(-1), gamma, lam).detach()\n", preview=True),
+        # stable: the use shows the role, whatever the variable is called
+        Invalid("def update(policy, critic, obs, ids, acts, ret, old):\n"
+                "    q = ret - critic(obs).squeeze(-1)\n"
+                "    lp = token_logp(policy, ids, acts)\n"
+                "    r = (lp - old).exp()\n"
+                "    obj = torch.min(r * q, r.clamp(0.8, 1.2) * q)\n"
+                "    (-obj.mean()).backward()\n", line=2,
+                why="q weighs both sides of the PPO clip (the advantages by their use) and carries the critic's "
+                    "graph", capability="C2", style="functional"),
+        Invalid("class Learner:\n"
+                "    def collect(self, obs, rew):\n"
+                "        v = self.critic(obs).squeeze(-1)\n"
+                "        q = rew - v\n"
+                "        return ppo_loss(logp=self.lp(obs), advantages=q)\n", line=4,
+                why="q is passed as the advantages of the loss's interface and carries the critic's graph",
+                capability="C2", style="class"),
+        Invalid("def make_batch(net, obs, rew, gamma):\n"
+                "    batch = {}\n"
+                "    g = rew + gamma * net(obs).squeeze(-1)\n"
+                "    batch['returns'] = g\n"
+                "    return batch\n", line=3,
+                why="stored under the returns key: bootstrapped from the live critic with autograd on",
+                capability="C3", style="framework"),
+        Invalid("x = compute_logp(model, seq)\n"
+                "loss = ppo_objective(logp=token_logp(model, seq), old_logp=x, advantages=a)\n"
+                "loss.backward()\n", line=1,
+                why="x is passed as the old log-probs and computed from the live model with autograd on",
+                capability="C4", style="script"),
     ]
 
     def check(self, ctx: Analysis) -> Iterator[Violation]:
@@ -236,6 +264,9 @@ class DetachedTargets(Rule):
             if d is None:
                 continue
             role = hinted_role(ctx, element)
+            by_use = target_role_by_use(ctx, d)
+            if role is None and by_use is not None:
+                role = by_use
             logp_named = role is None and _logp_named(element)
             if role is None and not logp_named:
                 continue
@@ -253,7 +284,10 @@ class DetachedTargets(Rule):
             message = (f"{WHAT[role]} `{name}` are computed with autograd on, so gradient flows through a "
                        "target; compute them under `torch.no_grad()` or add `.detach()`")
             fix = [] if unpacked else [(stmt.value, _detached(stmt.value))]
-            return Violation(element if unpacked else stmt.value, message, fix)
+            # stable when the value's use shows it is a target (a ratio's old side, a clip weight, an interface
+            # that names the role); a role that rests on the variable's name alone is a preview finding
+            return Violation(element if unpacked else stmt.value, message, fix,
+                             preview=by_use is None or by_use != role and {by_use, role} != {"old_logp", "ref_logp"})
         return None
 
 

@@ -64,6 +64,12 @@ class EntropyBonusSign(Rule):
 
     PREVIEW_PARTS = ("a loss known only by the name of the local variable that holds it (`loss = ...` with no backward, loss function or optimising caller in view)",)
     VALID = [
+        Valid("def test_entropy_gradient(model, ids):\n"
+              "    ent = -(model(ids).softmax(-1) * model(ids).log_softmax(-1)).sum(-1)\n"
+              "    ent.sum().backward()\n"
+              "    assert all(p.grad.isfinite().all() for p in model.parameters())\n",
+              "the entropy alone is backpropagated to probe its gradient: no other loss term it is a bonus to",
+              capability="FP", style="functional"),
         Valid("loss = pg_loss - ent_coef * entropy.mean()\n", "the bonus is subtracted from the loss"),
         Valid("entropy_loss = -entropy.mean()\nloss = pg_loss + ent_coef * entropy_loss\n",
               "entropy_loss is the negated entropy"),
@@ -229,7 +235,11 @@ def judge_terms(ctx: Analysis, kind: str, want: int, message: str,
         name = sink_name(ctx, sink)
         if name is not None and ctx.names.is_role(name, kind) and not ctx.names.is_role(name, "mask"):
             continue  # `entropy_loss = entropy.mean()`, `def compute_kl_loss(...)`: a component, judged where it joins
-        for term in sink.terms(sign_of, stop):
+        terms = list(sink.terms(sign_of, stop))
+        if len(terms) == 1 and not isinstance(sink.node, cst.AugAssign) and not any(
+                isinstance(stmt, cst.AugAssign) for _, stmt in terms[0].via):
+            continue  # the quantity alone (`entropy.sum().backward()` in a gradient test): no other loss it rewards
+        for term in terms:
             sign, facs = factors(term.expr)
             hits = [(f, quantity.sign(kind, f, term.frame)) for f in facs]
             found = [(f, s) for f, s in hits if s is not None]

@@ -77,6 +77,14 @@ class LengthBias(Rule):
         Valid("loss = masked_mean(loss, action_mask)\n", "masked mean over everything"),
         Valid("loss = ((per_token_loss * completion_mask).sum(dim=1) / self.max_completion_length).mean()\n",
               "Dr. GRPO: sequence sum over a constant"),
+        Valid("def objective(self, x, m):\n"
+              "    if self.loss_type in ['grpo', 'sapo']:\n"
+              "        loss = masked_mean(x, m, dim=-1).mean()\n"
+              "    else:\n"
+              "        loss = (x * m).sum() / m.sum()\n"
+              "    loss.backward()\n",
+              "a mode switch written as membership in a literal list of modes is still an explicit switch",
+              capability="C10", style="class"),
         Valid("if loss_mode == 'seq_mean_token_mean':\n"
               "    per_seq = (values * mask).sum(-1) / mask.sum(-1).clamp(min=1)\n"
               "    loss = per_seq.sum() / n_seqs\n", "an explicit, configurable mode", capability="C10",
@@ -335,13 +343,22 @@ def _reduction_dim(ctx: Analysis, call: cst.Call) -> tuple[bool, int | None]:
 
 
 def _mode_switch(ctx: Analysis, node) -> bool:
-    """Inside ``if <x> == "<mode>":`` or a ``match`` case: a configurable aggregation mode."""
+    """Inside ``if <x> == "<mode>":``, ``if <x> in ("<mode>", ...):`` or a ``match`` case: a configurable
+    aggregation mode."""
     for anc in ctx.ancestors(node):
         if isinstance(anc, cst.If) and isinstance(anc.test, cst.Comparison) and any(
-                isinstance(c.comparator, (cst.SimpleString, cst.ConcatenatedString)) for c in anc.test.comparisons):
+                _names_modes(c.comparator) for c in anc.test.comparisons):
             return True
         if isinstance(anc, cst.MatchCase):
             return True
         if isinstance(anc, (cst.FunctionDef, cst.ClassDef)):
             return False
     return False
+
+
+def _names_modes(expr: cst.BaseExpression) -> bool:
+    """A string literal, or a literal list, tuple or set of them: the modes a switch compares with."""
+    if isinstance(expr, (cst.SimpleString, cst.ConcatenatedString)):
+        return True
+    return isinstance(expr, (cst.List, cst.Tuple, cst.Set)) and bool(expr.elements) and all(
+        isinstance(el.value, (cst.SimpleString, cst.ConcatenatedString)) for el in expr.elements)
