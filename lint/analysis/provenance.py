@@ -342,6 +342,9 @@ class Origin:
     what: str = "output"
     model: ModelRef | None = None
     name: str = ""
+    # True when the forward is assumed: a method of a model whose code is out of view (rules that need the
+    # autograd state for certain report through such an origin only in preview)
+    assumed: bool = False
 
 
 class ProvenanceFacet(Facet):
@@ -456,6 +459,11 @@ class ProvenanceFacet(Facet):
                     # `model.infer_logprobs(...)`: code the linter cannot read, named for inference; whether it
                     # runs with autograd cannot be told
                     origins = frozenset(replace(o, grad=None) if o.grad else o for o in origins)
+                elif method not in ("forward", "__call__"):
+                    # `ref.compute_logp(batch)`, `cluster.compute_log_probs(batch)`: a method whose code is out of
+                    # view may run the forward under no_grad, in a worker behind an RPC layer, or not at all: the
+                    # origin is marked as assumed (a method defined in view is walked instead)
+                    origins = frozenset(replace(o, assumed=True) for o in origins)
                 return origins
             if method == "generate":
                 return frozenset({Origin(ROLLOUT, id(call), False, name=method)})

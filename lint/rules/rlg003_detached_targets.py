@@ -286,8 +286,10 @@ class DetachedTargets(Rule):
             fix = [] if unpacked else [(stmt.value, _detached(stmt.value))]
             # stable when the value's use shows it is a target (a ratio's old side, a clip weight, an interface
             # that names the role); a role that rests on the variable's name alone is a preview finding
+            assumed = all(o.assumed for o in live)  # only methods out of view: they may run under no_grad
             return Violation(element if unpacked else stmt.value, message, fix,
-                             preview=by_use is None or by_use != role and {by_use, role} != {"old_logp", "ref_logp"})
+                             preview=assumed or by_use is None or by_use != role and {by_use, role} != {
+                                 "old_logp", "ref_logp"})
         return None
 
 
