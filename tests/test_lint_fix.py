@@ -39,8 +39,8 @@ CASES = {
         "import copy\n\nref_model = copy.copy(policy)   # frozen reference\n",
         "import copy\n\nref_model = copy.deepcopy(policy)   # frozen reference\n"),
     "RLG003": (
-        "old_logp = compute_logp(model, ids)  # behaviour log-probs\n",
-        "old_logp = compute_logp(model, ids).detach()  # behaviour log-probs\n"),
+        "old_logp = compute_logp(model, ids)  # behaviour log-probs\nloss = ppo_loss(logp, old_logp=old_logp)\n",
+        "old_logp = compute_logp(model, ids).detach()  # behaviour log-probs\nloss = ppo_loss(logp, old_logp=old_logp)\n"),
 }
 
 

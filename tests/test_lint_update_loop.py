@@ -17,7 +17,9 @@ RULES = [all_rules()[c] for c in CODES]
 
 
 def findings(source: str, fix: bool = False):
-    return lint_source(textwrap.dedent(source), "trainer.py", rules=RULES, fix=fix)
+    # preview on: several trainers name their targets only by variable (`ref_logps = ...`), which the stable
+    # RLG003 leaves to its preview part; the update-loop facts judged here are the same in both modes
+    return lint_source(textwrap.dedent(source), "trainer.py", rules=RULES, fix=fix, preview=True)
 
 
 def flagged(source: str) -> set[tuple[int, str]]:
@@ -303,7 +305,7 @@ def test_detach_fix_keeps_comments_and_clears_the_finding():
     assert result.fixed_source is not None
     assert "old_logp = compute_logp(policy, ids).detach()  # behaviour log-probs" in result.fixed_source
     assert "advantages = (returns - critic(obs)).detach()" in result.fixed_source
-    assert not [f for f in lint_source(result.fixed_source, "t.py", rules=RULES).findings]
+    assert not [f for f in lint_source(result.fixed_source, "t.py", rules=RULES, preview=True).findings]
 
 
 def test_rules_never_raise_on_odd_code():

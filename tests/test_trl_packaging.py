@@ -84,7 +84,7 @@ def test_an_unsupported_trl_fails_rlguard_check_trl_with_the_range(tmp_path):
 
 
 def test_lint_and_the_core_never_import_trl(tmp_path):
-    (tmp_path / "bug.py").write_text("loss = pg_loss + ent_coef * entropy.mean()\n")
+    (tmp_path / "bug.py").write_text("loss = pg_loss + ent_coef * entropy.mean(); loss.backward()\n")
     probe = (
         "import sys\n"
         "import rlguard, rlguard.catalog, rlguard.cli, rlguard.lint.cli\n"

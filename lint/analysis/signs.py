@@ -210,18 +210,26 @@ class Signs:
                 return scaled(self.terms_before(d, frame, stop, depth - 1), scale)
         return []
 
-    def terms_before(self, d, frame, stop, depth) -> list[Term]:
-        """The terms of ``d.key`` just before the augmented assignment ``d``."""
+    def terms_before(self, d, frame, stop, depth, seen: set[int] | None = None) -> list[Term]:
+        """The terms of ``d.key`` just before the augmented assignment ``d``. Each reaching definition counts
+        once per query (``seen``): in a loop, ``x += a`` reaches itself and its sibling ``x += b`` through the back
+        edge, and following every such path re-collects the same terms at each level, 2**depth times."""
         target = d.target if isinstance(d.target, cst.BaseExpression) else None
         if target is None:
             return []
+        if seen is None:
+            seen = {id(d)}
         prior = self.a.flow.reaching(d.key, d.stmt)
         found: list[Term] = []
         for p in prior:
+            if id(p) in seen:
+                continue  # already expanded on this query (a loop-carried definition): its terms are in
             if p.kind == "assign" and p.element is None and p.value is not None:
+                seen.add(id(p))
                 found += via(self.terms(p.value, frame, stop, depth), target, p.stmt)
             elif p.kind == "aug" and depth > 0:
-                inner = self.terms_before(p, frame, stop, depth - 1)
+                seen.add(id(p))
+                inner = self.terms_before(p, frame, stop, depth - 1, seen)
                 added = self.terms(p.value, frame, stop, depth) if p.value is not None else []
                 if isinstance(p.op, cst.SubtractAssign):
                     added = negate(added)

@@ -123,6 +123,7 @@ class Trace(Generic[V]):
         self._memo: dict[tuple[int, int], Any] = {}
         # frames are interned: memo keys hold their ids, so a frame must live as long as the trace
         self._frames: dict[tuple, Frame] = {}
+        self._entries: set[tuple] = set()  # (container, entry, frame) of the entry_of calls in progress
 
     # ----- entry point ----------------------------------------------------------------------------------------
     def value(self, expr: cst.BaseExpression | None, frame: Frame | None = None) -> V:
@@ -313,22 +314,31 @@ class Trace(Generic[V]):
             return self._dict_comp_entry(container, entry, frame)
         key = key_of(container) if isinstance(container, (cst.Name, cst.Attribute, cst.Subscript)) else None
         if key is not None:
-            defs = self.a.flow.reaching(key, container)
-            parts = []
-            for d in defs:
-                if d is ESCAPED:
-                    return facet.unknown
-                if d.key == key and d.kind == "assign" and d.element is None:
-                    parts.append(self.entry_of(d.value, entry, frame))
-                    continue
-                bound = frame.binding(d.key) if (frame is not None and d.kind == "param"
-                                                 and d.scope is frame.func) else None
-                if bound is not None and bound[0] != "item":
-                    parts.append(self.entry_of(bound[0], entry, bound[1]))
-                else:
-                    parts.append(facet.item(self, self.def_value(d, key, container, frame), entry))
-            if parts:
-                return facet.join(parts)
+            active = (id(container), entry, id(frame))
+            if active in self._entries:
+                # `x = x.attr` in a loop: the entry's definition reads the same entry again with no value() in
+                # between (whose memo would cut the cycle); end it as the stack overflow did, at the nearest value()
+                raise _EntryCycle(key)
+            self._entries.add(active)
+            try:
+                defs = self.a.flow.reaching(key, container)
+                parts = []
+                for d in defs:
+                    if d is ESCAPED:
+                        return facet.unknown
+                    if d.key == key and d.kind == "assign" and d.element is None:
+                        parts.append(self.entry_of(d.value, entry, frame))
+                        continue
+                    bound = frame.binding(d.key) if (frame is not None and d.kind == "param"
+                                                     and d.scope is frame.func) else None
+                    if bound is not None and bound[0] != "item":
+                        parts.append(self.entry_of(bound[0], entry, bound[1]))
+                    else:
+                        parts.append(facet.item(self, self.def_value(d, key, container, frame), entry))
+                if parts:
+                    return facet.join(parts)
+            finally:
+                self._entries.discard(active)
         return facet.item(self, self.value(container, frame), entry)
 
     def _dict_comp_entry(self, comp: cst.DictComp, entry: str, frame: Frame | None) -> V:
@@ -374,6 +384,10 @@ class Trace(Generic[V]):
         if found is None:
             found = self._frames[key] = Frame(func, call, bind_arguments(func, call, frame), frame, depth)
         return found
+
+
+class _EntryCycle(RecursionError):
+    """An entry read that needs itself; :meth:`Trace.value` catches it as it catches a real overflow."""
 
 
 def bind_arguments(func: cst.FunctionDef, call: cst.Call, frame: Frame | None) -> tuple:
