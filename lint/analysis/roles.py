@@ -180,65 +180,76 @@ def target_role_by_use(a: "Analysis", d: Def) -> str | None:
     found = a.cache.setdefault("target_role_by_use", {})
     if id(d) in found:
         return found[id(d)]
-    role = None
-    for read, role_here in _role_reads(a):
-        if key_of(read) == d.key and any(r is d for r in a.flow.reaching(d.key, read)):
-            role = role_here
-            break
+    role = "advantages" if _reaches(a, d, [(x, "") for x in _clip_weight_reads(a)]) else None
+    if role is None:
+        for name in interface_names(a, d):
+            role = next((r for r in TARGET_ROLES if name not in TOO_GENERIC and a.names.is_role(name, r)), None)
+            if role is not None:
+                break
     found[id(d)] = role
     return role
 
 
-def _role_reads(a: "Analysis") -> list[tuple[cst.BaseExpression, str]]:
-    """(read, role) for every read whose use gives it a target role (see :func:`target_role_by_use`)."""
+def interface_names(a: "Analysis", d: Def) -> list[str]:
+    """The interface names the value bound by ``d`` is handed to: keywords of calls (``rewards=x``), parameters
+    of same-module functions it is passed to positionally, string keys it is stored under (``batch["x"] = x``),
+    each for a read that ``d`` reaches. A role read from them survives renaming the variable."""
+    return [name for read, name in _interface_reads(a)
+            if key_of(read) == d.key and any(r is d for r in a.flow.reaching(d.key, read))]
+
+
+def _reaches(a: "Analysis", d: Def, reads) -> bool:
+    return any(key_of(read) == d.key and any(r is d for r in a.flow.reaching(d.key, read)) for read, _ in reads)
+
+
+def _interface_reads(a: "Analysis") -> list[tuple[cst.BaseExpression, str]]:
     def build(an):
         from rlguard.lint.analysis.values import bind_arguments
 
         out: list[tuple[cst.BaseExpression, str]] = []
 
-        def add(expr, role):
+        def add(expr, name):
             while isinstance(expr, cst.Call) and S.method_name(expr) in REDUCING | {"unsqueeze"}:
                 expr = S.receiver(expr)
-            if expr is not None and key_of(expr) is not None:
-                out.append((expr, role))
+            if expr is not None and key_of(expr) is not None and isinstance(name, str):
+                out.append((expr, name))
 
         for call in an.nodes(cst.Call):
             for arg in call.args:
                 if arg.keyword is not None:
-                    role = _interface_role(an, arg.keyword.value)
-                    if role:
-                        add(arg.value, role)
+                    add(arg.value, arg.keyword.value)
             func = an.callee(call)
             if func is not None:
                 for param, (value, _frame) in bind_arguments(func, call, None):
-                    role = _interface_role(an, param)
-                    if role and not any(arg.keyword is not None and arg.keyword.value == param for arg in call.args):
-                        add(value, role)
+                    if not any(arg.keyword is not None and arg.keyword.value == param for arg in call.args):
+                        add(value, param)
         for stmt in an.nodes(cst.Assign):
             for target in stmt.targets:
                 t = target.target
                 if isinstance(t, cst.Subscript) and len(t.slice) == 1 and isinstance(t.slice[0].slice, cst.Index):
                     key = t.slice[0].slice.value
                     if isinstance(key, cst.SimpleString):
-                        role = _interface_role(an, key.evaluated_value)
-                        if role:
-                            add(stmt.value, role)
-        for key, defs in clip_weights(an):
-            for node in an.nodes(cst.Name, cst.Attribute):
-                if key_of(node) == key and frozenset(id(x) for x in an.flow.reaching(key, node)) == defs:
-                    out.append((node, "advantages"))
-                    break
+                        add(stmt.value, key.evaluated_value)
+        for literal in an.nodes(cst.Dict):
+            for element in literal.elements:
+                if isinstance(element, cst.DictElement) and isinstance(element.key, cst.SimpleString):
+                    add(element.value, element.key.evaluated_value)
         return out
-    return a.facet("role_reads", build)
+    return a.facet("interface_reads", build)
 
 
-def _interface_role(a: "Analysis", name: str) -> str | None:
-    if not isinstance(name, str) or name in TOO_GENERIC:
-        return None
-    for role in TARGET_ROLES:
-        if a.names.is_role(name, role):
-            return role
-    return None
+def _clip_weight_reads(a: "Analysis") -> list[cst.BaseExpression]:
+    def build(an):
+        out = []
+        weights = clip_weights(an)
+        if not weights:
+            return out
+        for node in an.nodes(cst.Name, cst.Attribute):
+            key = key_of(node)
+            if key is not None and (key, frozenset(id(x) for x in an.flow.reaching(key, node))) in weights:
+                out.append(node)
+        return out
+    return a.facet("clip_weight_reads", build)
 
 
 # ----- advantages by their use ----------------------------------------------------------------------------------

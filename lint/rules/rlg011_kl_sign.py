@@ -9,6 +9,8 @@ import libcst as cst
 
 from rlguard.catalog import KL_SIGN
 from rlguard.lint.analysis import Analysis
+from rlguard.lint.analysis.index import key_of
+from rlguard.lint.analysis.roles import interface_names
 from rlguard.lint.analysis.losses import flip, top_terms
 from rlguard.lint.analysis.signs import factors, signs
 from rlguard.lint.analysis.terms import quantities
@@ -158,11 +160,11 @@ class KlSign(Rule):
         Invalid("loss = pg_loss - kl_coef * kl\n", line=1, fixed="loss = pg_loss + kl_coef * kl\n", preview=True),
         Invalid("loss = pg_loss\nloss -= self.beta * kl.mean()\n", line=2,
                 fixed="loss = pg_loss\nloss += self.beta * kl.mean()\n", preview=True),
-        Invalid("rewards = rewards + beta * kl\n", line=1, fixed="rewards = rewards - beta * kl\n"),
+        Invalid("rewards = rewards + beta * kl\n", line=1, fixed="rewards = rewards - beta * kl\n", preview=True),
         Invalid("scores = scores + self.kl_coef * (logprobs - ref_logprobs).sum(-1)\n", line=1,
-                fixed="scores = scores - self.kl_coef * (logprobs - ref_logprobs).sum(-1)\n"),
+                fixed="scores = scores - self.kl_coef * (logprobs - ref_logprobs).sum(-1)\n", preview=True),
         Invalid("reward = score - beta * (ref_logp - logp)\n", line=1, fixed="reward = score + beta * (ref_logp - logp)\n",
-                why="net sign of logp - ref_logp is +"),
+                why="net sign of logp - ref_logp is +", preview=True),
         Invalid("log_ratio = new_log_probs - ref_log_probs\nkl = log_ratio\nout = pg + kl_coef * -kl.mean()\n"
                 "out.backward()\n", line=3, why="backward-ed, negated through an alias"),
         Invalid("def compute_loss(logits, ids, old_log_probs, advantages, mask, ref_log_probs, cfg):\n"
@@ -171,7 +173,7 @@ class KlSign(Rule):
                 "    loss = loss - cfg.kl_coef * kl\n    return loss\n", line=4),
         Invalid("kl = ref_logp - logp\nloss = policy_loss + beta * kl.mean()\n", line=2,
                 why="kl written as ref - logp, then added: -KL in the loss", preview=True),
-        Invalid("non_score_reward = kl_coef * (logprobs - ref_logprobs)\n", line=1, why="positive non-score reward"),
+        Invalid("non_score_reward = kl_coef * (logprobs - ref_logprobs)\n", line=1, why="positive non-score reward", preview=True),
         Invalid("def kl(p, q):\n"
                 "    d = torch.log(q) - torch.log(p)\n"
                 "    return (p * d).sum(-1)\n\n"
@@ -214,6 +216,21 @@ class KlSign(Rule):
                 "    return pg_loss + beta * kl_penalty(ref_logprobs, logprobs).mean()\n", line=5,
                 why="the arguments are passed the wrong way round: the call site's values win over the helper's "
                     "parameter names", capability="C2", style="functional"),
+        Invalid("def shape(scores, logp, ref_logp, beta, values):\n"
+                "    r = scores + beta * (logp - ref_logp)\n"
+                "    return gae(rewards=r, values=values)\n", line=2,
+                why="r is handed to the rewards interface: the KL penalty is added to the reward",
+                capability="C2", style="functional"),
+        Invalid("def compute_rewards(self, scores, logp, ref_logp):\n"
+                "    out = scores + self.kl_coef * (logp - ref_logp)\n"
+                "    return out\n", line=2,
+                why="the value a rewards function returns: the KL penalty is added", capability="C2",
+                style="class"),
+        Invalid("def pack(score, logp, ref_logp, kl_coef):\n"
+                "    shaped = score + kl_coef * (logp - ref_logp)\n"
+                "    return {'token_level_rewards': shaped}\n", line=2,
+                why="stored under the rewards key of the batch: the KL penalty is added", capability="C3",
+                style="framework"),
     ]
 
     def check(self, ctx: Analysis) -> Iterator[Violation]:
@@ -239,7 +256,8 @@ def _reward_terms(ctx: Analysis) -> Iterator[Violation]:
                 continue
             bare = d.key.rsplit(".", 1)[-1]
             kl_part = KL_REWARD_NAME.fullmatch(bare) is not None
-            if not (kl_part or ctx.names.is_role(bare, "rewards")) or IMPLICIT_REWARD_NAME.fullmatch(bare):
+            if IMPLICIT_REWARD_NAME.fullmatch(bare) or not (
+                    kl_part or ctx.names.is_role(bare, "rewards") or _reward_by_interface(ctx, d)):
                 continue
             value = stmt.value
             if isinstance(stmt, cst.AugAssign) and not isinstance(stmt.operator, (cst.AddAssign, cst.SubtractAssign)):
@@ -264,7 +282,26 @@ def _reward_terms(ctx: Analysis) -> Iterator[Violation]:
                     yield Violation(node, "the KL penalty is added to the reward, so the policy is paid to move away "
                                           "from the reference; subtract it: reward - beta * (logp - ref_logp)",
                                     flip(stmt, value, operand) if not isinstance(stmt, cst.AugAssign) or
-                                    operand is stmt.value else [])
+                                    operand is stmt.value else [], preview=not _reward_by_interface(ctx, d))
+
+
+# Interface names (keywords, parameters, string keys: not renamed with a file's locals) that hold a reward value.
+_REWARD_INTERFACE = re.compile(r"(?i)(\w+_)?rewards?(_\w+)?")
+_NOT_A_REWARD = re.compile(r"(?i)model|fn|func|name|weight|coef|scale|std|mean|norm|ids?$|mask|type|kwargs|config")
+
+
+def _reward_by_interface(ctx: Analysis, d) -> bool:
+    """Whether the shaped value is a reward by the interface it meets, not by its variable's name: it is handed
+    to a keyword, parameter or string key named for rewards, or returned by a function named for them (a local
+    name alone makes the finding a preview one: renaming the variable must not change a stable finding)."""
+    if any(_REWARD_INTERFACE.fullmatch(name) and not _NOT_A_REWARD.search(name)
+           for name in interface_names(ctx, d)):
+        return True
+    func = ctx.enclosing_function(d.stmt)
+    if func is None or not ctx.names.is_role(func.name.value, "rewards") and "reward" not in func.name.value.lower():
+        return False
+    returns = ctx.index.scopes[id(func)].returns
+    return any(ret.value is not None and key_of(ret.value) == d.key for ret in returns)
 
 
 def _reads_key(ctx: Analysis, operand: cst.BaseExpression, key: str) -> bool:
