@@ -7,9 +7,10 @@ __all__ = ["Finding", "FileResult", "Invalid", "Rule", "Valid", "Violation", "al
            "lint_source"]
 
 
-def lint_paths(paths, select=None, ignore=None, config=None, jobs=1, cache=True, fix=False):
+def lint_paths(paths, select=None, ignore=None, config=None, jobs=1, cache=True, fix=False, preview=None):
     """Lint files and folders with the project's config; returns the findings sorted by path and position.
     See :func:`rlguard.lint.runner.lint_paths`."""
     from rlguard.lint.runner import lint_paths as _lint_paths
 
-    return _lint_paths(paths, select=select, ignore=ignore, config=config, jobs=jobs, cache=cache, fix=fix)
+    return _lint_paths(paths, select=select, ignore=ignore, config=config, jobs=jobs, cache=cache, fix=fix,
+                       preview=preview)

@@ -74,6 +74,11 @@ def render_page(code: str) -> str:
             out += ["**Stable, with parts in preview.** These parts report only with `--preview` (or "
                     "`preview = true`), because their precision on unseen code is not yet shown:", "",
                     *[f"- {part}" for part in rule.PREVIEW_PARTS], ""]
+        if not rule.preview:
+            out += ["In the default mode a finding that does not survive renaming the file's own names (locals, "
+                    "`self` attributes) to neutral ones is reported only with `--preview`: it rests on what a "
+                    "variable is called, not on what the code does ([Stable and preview](../lint.md#stable-and-"
+                    "preview)).", ""]
     elif code not in TOOL_CODES:
         out += ["| static check | status | severity | autofix |", "|---|---|---|---|",
                 f"| {_STATIC['no']} | - | error | no |", ""]

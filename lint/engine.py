@@ -33,8 +33,8 @@ from libcst._parser.types.config import KNOWN_PYTHON_VERSION_STRINGS
 from libcst._position import CodePosition, CodeRange
 from libcst.metadata.position_provider import PositionProvidingCodegenState
 
-from rlguard.catalog import CODES, INTERNAL_ERROR, PARSE_ERROR, UNUSED_NOQA
-from rlguard.lint import noqa
+from rlguard.catalog import CODES, INTERNAL_ERROR, PARSE_ERROR, TOOL_CODES, UNUSED_NOQA
+from rlguard.lint import neutral, noqa
 from rlguard.lint.analysis import Analysis
 from rlguard.lint.analysis.summaries import Project, summarise_module
 from rlguard.lint.names import Vocabulary
@@ -397,8 +397,44 @@ def lint_source(source: str, path: str = "<string>", rules: Iterable[type[Rule]]
     input: a file that does not parse becomes a single RLG900 finding, a rule that fails an
     :class:`InternalError` in ``errors``."""
     with _gc_paused():
-        return run_deep(_lint_source, source, path, rules, vocabulary, fix, target_version, unused_noqa,
-                        _Clock(timings), project, module_name, summarise, preview)
+        result = run_deep(_lint_source, source, path, rules, vocabulary, fix, target_version, unused_noqa,
+                          _Clock(timings), project, module_name, summarise, preview)
+        if preview or not (result.findings or result.fixed) or result.errors:
+            return result
+        keep = _surviving_renaming(source, path, rules, vocabulary, target_version, project, module_name)
+        if keep is None:
+            return result
+        if fix and any((f.code, f.line) not in keep for f in result.fixed):
+            # a rewrite for a finding that rests on a name is not applied: lint again, keeping the others only
+            depends = result.depends
+            result = run_deep(_lint_source, source, path, rules, vocabulary, fix, target_version, unused_noqa,
+                              _Clock(None), project, module_name, False, preview, keep)
+            result.depends = depends
+            return result
+        result.findings = [f for f in result.findings if f.code in TOOL_CODES or (f.code, f.line) in keep]
+        return result
+
+
+def _surviving_renaming(source: str, path: str, rules, vocabulary, target, project, module_name
+                        ) -> frozenset[tuple[str, int]] | None:
+    """The (code, line) of the findings that survive renaming the file's own names to neutral ones
+    (:mod:`rlguard.lint.neutral`): a finding that does not rests on what a variable is called, and is a
+    preview finding. None when nothing is renamed, or the renaming cannot be made (then every finding stands)."""
+    try:
+        renaming = neutral.rename_source(source)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return None
+    if renaming.count == 0 or renaming.source == source:
+        return None
+    consulted = dict(project.consulted) if project is not None else None
+    again = run_deep(_lint_source, renaming.source, path, rules, vocabulary, False, target, False, _Clock(None),
+                     project, module_name, False, False)
+    if project is not None:
+        project.consulted.clear()
+        project.consulted.update(consulted)
+    if again.errors:
+        return None
+    return frozenset((f.code, f.line) for f in again.findings)
 
 
 @contextmanager
@@ -418,7 +454,8 @@ def _gc_paused() -> Iterator[None]:
 def _lint_source(source: str, path: str, rules: Iterable[type[Rule]] | None, vocabulary: Vocabulary | None,
                  fix: bool, target: tuple[int, int] | None, unused_noqa: bool, clock: _Clock,
                  project: Project | None = None, module_name: str | None = None,
-                 summarise: bool | frozenset[str] = False, preview: bool = False) -> FileResult:
+                 summarise: bool | frozenset[str] = False, preview: bool = False,
+                 keep: frozenset[tuple[str, int]] | None = None) -> FileResult:
     result = FileResult(path)
     if project is not None:
         project.begin_file()
@@ -496,7 +533,7 @@ def _lint_source(source: str, path: str, rules: Iterable[type[Rule]] | None, voc
                               rule.code, rule.name, violation.message, rule.severity,
                               fixable=bool(violation.replacements))
             key = (finding.line, finding.col, finding.code)
-            if key in seen:
+            if key in seen or keep is not None and (finding.code, finding.line) not in keep:
                 continue
             seen.add(key)
             directive = noqa.silencing(directives, finding.code, finding.line, finding.end_line)

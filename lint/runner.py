@@ -428,12 +428,13 @@ def _add_noqa(report: LintReport, contents: dict[str, tuple[Path, bytes]], reaso
 # ----- the public entry point -----------------------------------------------------------------------------------
 def lint_paths(paths: Iterable[str | os.PathLike], select: Sequence[str] | None = None,
                ignore: Sequence[str] | None = None, config: Config | str | os.PathLike | None = None,
-               jobs: int = 1, cache: bool = True, fix: bool = False) -> list[Finding]:
+               jobs: int = 1, cache: bool = True, fix: bool = False, preview: bool | None = None) -> list[Finding]:
     """Lint files and folders with the project's ``[tool.rlguard]`` (or ``config``: a :class:`Config` or the path
     of a TOML file), ``select``/``ignore`` applied on top as on the command line. Returns the findings sorted by
     path and position. Raises :class:`ConfigError` for a bad configuration, :class:`PathError` for a missing path,
     and :class:`RuntimeError` when a rule failed on some file."""
-    report = lint_report(paths, select=select, ignore=ignore, config=config, jobs=jobs, cache=cache, fix=fix)
+    report = lint_report(paths, select=select, ignore=ignore, config=config, jobs=jobs, cache=cache, fix=fix,
+                         preview=preview)
     if report.errors:
         raise RuntimeError("; ".join(e.describe() for e in report.errors))
     return report.findings
@@ -443,15 +444,16 @@ def lint_report(paths: Iterable[str | os.PathLike], select: Sequence[str] | None
                 ignore: Sequence[str] | None = None, config: Config | str | os.PathLike | None = None,
                 jobs: int = 1, cache: bool = True, fix: bool = False, diff: bool = False,
                 extend_select: Sequence[str] = (), force_exclude: bool = False,
-                target_version: str | None = None) -> LintReport:
+                target_version: str | None = None, preview: bool | None = None) -> LintReport:
     """Like :func:`lint_paths`, returning the whole :class:`LintReport` (suppressed, fixed, internal errors).
-    ``target_version`` (``"py311"``) overrides the configuration's."""
+    ``target_version`` (``"py311"``) overrides the configuration's; ``preview`` (None: as configured) turns the
+    preview rules and parts on or off."""
     paths = [os.fspath(p) for p in paths] or ["."]
     layer = Layer(select=tuple(select) if select is not None else None, extend_select=tuple(extend_select),
-                  ignore=tuple(ignore or ()))
+                  ignore=tuple(ignore or ()), preview=preview)
     if not isinstance(config, Config):
         config = load_config(paths, config_path=config, cli=layer, target_version=target_version)
-    elif select is not None or ignore or extend_select:
+    elif select is not None or ignore or extend_select or preview is not None:
         config = Config(root=config.root, source=config.source, layers=[*config.layers, layer],
                         exclude=config.exclude, per_file_ignores=config.per_file_ignores, names=config.names,
                         target_version=config.target_version, target_source=config.target_source)

@@ -237,7 +237,7 @@ class MaskNotShifted(Rule):
         Invalid("values = critic(ids)[:, :-1]\nvf_mask = attention_mask[:, :-1]\n"
                 "vf_loss = ((values - returns) ** 2 * vf_mask).sum()\n", line=2,
                 why="value predictions pair with the next token: their mask is attention_mask[:, 1:]",
-                capability="C8", style="script"),
+                capability="C8", style="script", preview=True),
         Invalid("def aggregate(values, mask):\n    return (values * mask).sum() / mask.sum()\n"
                 "def step(logp, old_logp, adv, owner):\n    ratio = (logp - old_logp).exp()\n"
                 "    return aggregate(-adv * ratio, (owner[:, :-1] == POLICY).float())\n", line=5,
@@ -248,7 +248,7 @@ class MaskNotShifted(Rule):
                 "        gen_mask[i, r['start']:r['end']] = 1\n    batch['loss_mask'] = gen_mask\n"
                 "    return batch\n", line=7,
                 why="a record stores labels rolled one left and a loss mask filled at token positions",
-                capability="C3", style="framework"),
+                capability="C3", style="framework", preview=True),
         Invalid("class Packer:\n    def pack(self, ids, owner):\n"
                 "        out = dict(input_ids=ids[:, :-1], labels=ids[:, 1:])\n"
                 "        out.update(action_mask=(owner[:, :-1] == POLICY).float())\n        return out\n", line=4,

@@ -221,13 +221,13 @@ class OldLogpRecomputed(Rule):
         Invalid("for _ in range(self.ppo_epochs):\n"
                 "    with torch.no_grad():\n"
                 "        old_log_probs = self.policy(input_ids).log_softmax(-1)\n"
-                "    new_log_probs = self.policy(input_ids).log_softmax(-1)\n", line=3, why="per epoch"),
+                "    new_log_probs = self.policy(input_ids).log_softmax(-1)\n", line=3, why="per epoch", preview=True),
         Invalid("for mb in batch.chunk(n_minibatches):\n"
                 "    logp = token_logp(model, mb['ids'])\n"
                 "    old_logp = logp.detach()\n"
                 "    loss = ppo_loss(logp, old_logp, mb['adv'])\n"
                 "    loss.backward()\n"
-                "    optimizer.step()\n", line=3, why="a detached copy of the current log-probs"),
+                "    optimizer.step()\n", line=3, why="a detached copy of the current log-probs", preview=True),
         Invalid("for mb in minibatches:\n"
                 "    with torch.no_grad():\n"
                 "        stale = self.actor(mb.ids).logp\n"
@@ -252,13 +252,13 @@ class OldLogpRecomputed(Rule):
                 "        for epoch in range(self.cfg.ppo_epochs):\n"
                 "            with torch.no_grad():\n"
                 "                self.old_logp = self.logp_fn(self.model, batch.ids)\n"
-                "            logp = self.logp_fn(self.model, batch.ids)\n", line=5, why="a self. attribute"),
+                "            logp = self.logp_fn(self.model, batch.ids)\n", line=5, why="a self. attribute", preview=True),
         Invalid("for epoch in range(ppo_epochs):\n"
                 "    with torch.no_grad():\n"
                 "        out = policy(ids)\n"
                 "    old_logprobs = gather_logp(out.logits, ids)\n"
                 "    for mb in minibatches:\n"
-                "        pass\n", line=4, why="through a forward in the same loop"),
+                "        pass\n", line=4, why="through a forward in the same loop", preview=True),
         Invalid("class Learner:\n"
                 "    def _stale(self, b):\n"
                 "        with torch.no_grad():\n"
@@ -279,7 +279,7 @@ class OldLogpRecomputed(Rule):
                 "                self.opt.step()\n"
                 "                self.opt.zero_grad()\n", line=4,
                 why="two levels of helpers: the minibatch loop calls loss_of(), which calls _stale()",
-                capability="C5", style="class"),
+                capability="C5", style="class", preview=True),
         Invalid("def behaviour(policy, ids):\n"
                 "    with torch.no_grad():\n"
                 "        old_logp = token_logps(policy, ids)\n"
@@ -298,7 +298,7 @@ class OldLogpRecomputed(Rule):
                 "        for mb in data.split(16):\n"
                 "            one_step(policy, mb, opt)\n", line=3,
                 why="three levels of callers between the helper and the epoch loop",
-                capability="C5", style="functional"),
+                capability="C5", style="functional", preview=True),
         Invalid("def upd(pi, opt, data, cfg):\n"
                 "    for _ in range(cfg.ppo_epochs):\n"
                 "        for mb in data.split(cfg.mb):\n"
@@ -320,7 +320,7 @@ class OldLogpRecomputed(Rule):
                 "        l = -(r * A[i]).mean()\n"
                 "        o.zero_grad(); l.backward(); o.step()\n", line=3,
                 why="a helper whose only call sits in the epoch loop, used in the ratio",
-                capability="C5", style="script"),
+                capability="C5", style="script", preview=True),
     ]
 
     def check(self, ctx: Analysis) -> Iterator[Violation]:

@@ -69,6 +69,10 @@ class DetachedTargets(Rule):
                 r"|(?-i:\breturns\b(?![ \t]*:)(?! (?:the|a|an|of|to|is|are|and|or|whether|when|if|None|True|False)\b))")
     fixable = True
 
+    PREVIEW_PARTS = ("a target whose role comes from its variable's name only (stable when its use shows the role: "
+                     "it weighs both sides of a PPO clip, or meets a keyword, parameter or string key named for it)",
+                     "a forward assumed through a method of a model whose code is out of view "
+                     "(`ref.compute_logp(batch)` may run under no_grad or behind an RPC layer)")
     VALID = [
         Valid("with torch.no_grad():\n"
               "    old_logp = compute_logp(policy, ids)\n", "under no_grad"),

@@ -170,8 +170,8 @@ class AdvantageSign(Rule):
     INVALID = [
         Invalid("def group_advantages(rewards, group_size):\n"
                 "    advantages = (rewards - rewards.mean()) / rewards.std()\n"
-                "    advantages = -advantages\n    return advantages\n", line=3, why="negated advantages"),
-        Invalid("adv = -(rewards - baseline)\n", line=1, why="negated reward minus baseline"),
+                "    advantages = -advantages\n    return advantages\n", line=3, why="negated advantages", preview=True),
+        Invalid("adv = -(rewards - baseline)\n", line=1, why="negated reward minus baseline", preview=True),
         Invalid("loss = (ratio * adv).mean()\nloss.backward()\n", line=1, why="surrogate not negated"),
         Invalid("pg_loss = torch.max(ratio * A, clipped * A).mean()\n", line=1, why="max of positive surrogates", preview=True),
         Invalid("loss = -torch.max(ratio * adv, torch.clamp(ratio, 0.8, 1.2) * adv).mean()\n", line=1,
@@ -182,10 +182,10 @@ class AdvantageSign(Rule):
                 "        obj = ratio * self.advantages\n        self.optimizer.zero_grad()\n"
                 "        obj.mean().backward()\n", line=4, why="not named like a loss, but backward-ed",
                 capability="C2", style="class"),
-        Invalid("advantages = values - returns\n", line=1, why="values minus returns"),
+        Invalid("advantages = values - returns\n", line=1, why="values minus returns", preview=True),
         Invalid("def reinforce_loss(log_probs, returns):\n    return (log_probs * returns).sum()\n"
                 "loss = reinforce_loss(lp, G_t)\nloss.backward()\n", line=3, why="through a helper"),
-        Invalid("advantages *= -1\n", line=1, why="in-place negation"),
+        Invalid("advantages *= -1\n", line=1, why="in-place negation", preview=True),
         Invalid("def policy_loss(batch, cfg):\n"
                 "    adv = batch['advantages']\n"
                 "    ratio = torch.exp(batch['logp'] - batch['old_logp'])\n"

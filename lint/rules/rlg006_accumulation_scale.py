@@ -270,7 +270,7 @@ class AccumulationScale(Rule):
                 "    for part in micro:\n"
                 "        n_tokens = action_mask[part].sum().clamp(min=1)\n"
                 "        loss, stats = parts.compute_loss(model, action_mask[part], n_tokens)\n"
-                "        (loss / n_micro).backward()\n", line=7, why="loss helper handed the microbatch's count"),
+                "        (loss / n_micro).backward()\n", line=7, why="loss helper handed the microbatch's count", preview=True),
         Invalid("class Trainer:\n"
                 "    def train_step(self, mbs):\n"
                 "        for mb in mbs:\n"

@@ -383,7 +383,7 @@ class SamplerTrainerMismatch(Rule):
         Invalid("out = model.generate(ids, do_sample=True, temperature=0.7)\nold_logprobs = out.logprobs\n"
                 "logits = model(out.sequences).logits\n"
                 "logp = torch.log_softmax(logits[:, :-1], -1).gather(-1, out.sequences[:, 1:, None])\n", line=4,
-                why="logits not divided while the sampler ran at 0.7"),
+                why="logits not divided while the sampler ran at 0.7", preview=True),
         Invalid("params = SamplingParams(temperature=0.6, logprobs=0)\nrollout_logp = collect(params)\n"
                 "def train(model, ids, rollout_logp):\n    logits = model(ids).logits\n    logits = logits / 0.8\n"
                 "    logp = logprobs_from_logits(logits[:, :-1], ids[:, 1:])\n", line=5, why="0.6 vs 0.8"),
@@ -396,7 +396,7 @@ class SamplerTrainerMismatch(Rule):
                 "cfg = Config()\nbatch = rollout(policy, prompts, temperature=cfg.sample_temperature)\n"
                 "old_log_probs = batch['old_log_probs']\n"
                 "log_probs = token_log_probs(policy(batch['ids']) / cfg.temperature, batch['ids'])\n", line=8,
-                why="config-class defaults differ", capability="C6", style="script"),
+                why="config-class defaults differ", capability="C6", style="script", preview=True),
         Invalid("class Worker:\n    def __init__(self):\n        self.sample_temp = 0.5\n"
                 "    def step(self, ids, behavior_logp):\n"
                 "        out = self.actor.generate(ids, temperature=self.sample_temp)\n"
@@ -599,7 +599,7 @@ class SamplerTrainerMismatch(Rule):
                 '        return head(logits, batch)\n'
                 '    return head(logits, batch["ids"])\n',
                 line=23, why="logits scaled only for the log-prob consumer; the loss branch gets them raw",
-                style="functional"),
+                style="functional", preview=True),
         Invalid('class Agent:\n'
                 '    def act(self, obs):\n'
                 '        logits = self.policy(obs).logits[:, -1]\n'

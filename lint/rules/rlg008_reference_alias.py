@@ -205,21 +205,21 @@ class ReferenceAlias(Rule):
               capability="C11", style="framework"),
     ]
     INVALID = [
-        Invalid("ref_model = model\n", line=1),
+        Invalid("ref_model = model\n", line=1, preview=True),
         Invalid("class Trainer:\n    def __init__(self, model):\n        self.model = model\n"
-                "        self.ref_model = self.model\n", line=4),
-        Invalid("import copy\nref = copy.copy(model)\n", line=2, fixed="import copy\nref = copy.deepcopy(model)\n"),
+                "        self.ref_model = self.model\n", line=4, preview=True),
+        Invalid("import copy\nref = copy.copy(model)\n", line=2, fixed="import copy\nref = copy.deepcopy(model)\n", preview=True),
         Invalid("import copy as cp\nref_policy = cp.copy(policy).eval()\n", line=2,
-                fixed="import copy as cp\nref_policy = cp.deepcopy(policy).eval()\n"),
+                fixed="import copy as cp\nref_policy = cp.deepcopy(policy).eval()\n", preview=True),
         Invalid("def make_ref(model):\n    return model\nreference_model = make_ref(actor)\n", line=3,
-                why="helper returns its argument"),
+                why="helper returns its argument", preview=True),
         Invalid("opt = torch.optim.Adam(list(model.parameters()) + list(ref_model.parameters()), lr=1e-5)\n",
                 line=1, why="the reference is trained"),
         Invalid("params = [{'params': policy.parameters()}, {'params': self.ref_model.parameters()}]\n"
                 "optimizer = AdamW(params)\n", line=2, why="through a name"),
-        Invalid("m = policy\nref_model = m.to(device).eval()\n", line=2, why="alias through in-place methods"),
-        Invalid("from copy import copy\nref_model = copy(model)\n", line=2, why="shallow copy, no fix"),
-        Invalid("ref_model = model.get_base_model()\n", line=1, why="PEFT base still runs the adapter"),
+        Invalid("m = policy\nref_model = m.to(device).eval()\n", line=2, why="alias through in-place methods", preview=True),
+        Invalid("from copy import copy\nref_model = copy(model)\n", line=2, why="shallow copy, no fix", preview=True),
+        Invalid("ref_model = model.get_base_model()\n", line=1, why="PEFT base still runs the adapter", preview=True),
         Invalid("ref.load_state_dict(model.state_dict(), assign=True)\n", line=1, why="shared storage"),
         Invalid("self.ref_model = self.accelerator.unwrap_model(self.model)\n", line=1),
             # ----- C11: reference outputs produced by the policy -----
@@ -230,7 +230,7 @@ class ReferenceAlias(Rule):
                 "    logits = model(ids).logits\n"
                 "    return logits, ref_logits\n", line=4,
                 why="the adapter is trained and still on for the reference pass", capability="C11",
-                style="functional"),
+                style="functional", preview=True),
         Invalid("class KLTrainer:\n"
                 "    def __init__(self, model, ref_model):\n"
                 "        self.model = model\n"
@@ -241,7 +241,7 @@ class ReferenceAlias(Rule):
                 "            ref_logits = self.model(ids).logits\n"
                 "        return ref_logits\n", line=8,
                 why="reference logits from the policy while a reference model exists", capability="C11",
-                style="class"),
+                style="class", preview=True),
         Invalid("class Worker:\n"
                 "    def logprobs(self, batches, tag):\n"
                 "        if tag == 'ref' and self.ref_model is not None:\n"
@@ -283,7 +283,7 @@ class ReferenceAlias(Rule):
                 "            ref_lp = self.ref_wg.compute_ref_log_prob(batch)\n"
                 "        return ref_lp\n", line=4,
                 why="a constant flag always takes reference log-probs from the actor, LoRA optional",
-                capability="C11", style="framework"),
+                capability="C11", style="framework", preview=True),
         Invalid("class Pipeline:\n"
                 "    def setup(self, cfg):\n"
                 "        self.separate_ref = False\n"
@@ -296,7 +296,7 @@ class ReferenceAlias(Rule):
                 "        else:\n"
                 "            ref_logp = self.actor_worker.infer(data)\n"
                 "        return ref_logp\n", line=3,
-                why="the flag, False, always selects the actor branch", capability="C11", style="framework"),
+                why="the flag, False, always selects the actor branch", capability="C11", style="framework", preview=True),
         Invalid("class Scorer:\n"
                 "    def ref_logits(self, ids, use_frozen):\n"
                 "        chosen = self.actor\n"

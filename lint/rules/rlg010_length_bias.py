@@ -148,7 +148,7 @@ class LengthBias(Rule):
                 "        rows = (loss * resp_mask).sum(-1) / resp_mask.sum(-1).clamp(min=1)\n"
                 "        return (rows * batch['w']).sum() / resp_mask.shape[0]\n"
                 "    return (loss * resp_mask).sum() / resp_mask.sum()\n", line=4,
-                why="a dict batch, config label, divide form", capability="C10", style="framework"),
+                why="a dict batch, config label, divide form", capability="C10", style="framework", preview=True),
         Invalid("class Loss:\n"
                 "    def aggregate(self, lm, mask):\n"
                 "        match self.mode:\n"

@@ -168,7 +168,7 @@ class LogitsLabelShift(Rule):
                 "    return torch.gather(logits.log_softmax(dim=-1), 2, labels[:, :, None]).squeeze(2)\n",
                 line=5, why="both sides drop the first position"),
         Invalid("logits = policy(ids)\nnll = F.cross_entropy(logits.reshape(-1, V), ids.reshape(-1), reduction='none')\n",
-                line=2, why="cross-entropy against the input tokens"),
+                line=2, why="cross-entropy against the input tokens", preview=True),
         Invalid("logits = model(tokens)\ndist = torch.distributions.Categorical(logits=logits / temperature)\n"
                 "logp = dist.log_prob(tokens)\n", line=3, why="Categorical over the input tokens"),
         Invalid("logits = model(ids)\nlabels = torch.roll(ids, 1, dims=-1)\n"
@@ -184,7 +184,7 @@ class LogitsLabelShift(Rule):
                 why="through a self attribute", capability="C3", style="class"),
         Invalid("loss_fct = nn.CrossEntropyLoss()\nlogits = model(input_ids)[0]\n"
                 "loss = loss_fct(logits[:, :-1].flatten(0, 1), input_ids[:, :-1].flatten())\n", line=3,
-                why="loss object, both drop the last position"),
+                why="loss object, both drop the last position", preview=True),
         Invalid("def forward_batch(model, batch):\n    batch['logits'] = model(batch['input_ids']).logits\n"
                 "    lp = batch['logits'].log_softmax(-1)\n"
                 "    return lp.gather(-1, batch['input_ids'].unsqueeze(-1)).squeeze(-1)\n", line=4,
@@ -212,7 +212,7 @@ class LogitsLabelShift(Rule):
                 "        logits = self.lm(tokens)\n"
                 "        return get_at('b t [v], b t -> b t', logits.log_softmax(dim=-1), tokens)\n", line=5,
                 why="einx.get_at gathers the last axis: here at the input tokens themselves",
-                capability="C12", style="class"),
+                capability="C12", style="class", preview=True),
         Invalid("def packed_token_logp(logits, seqlens, labels):\n"
                 "    labels = torch.cat([labels[:-1], labels.new_zeros(1)])\n"
                 "    logp = torch.log_softmax(logits, dim=-1)\n"

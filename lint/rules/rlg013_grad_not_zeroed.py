@@ -298,7 +298,7 @@ class GradNotZeroed(Rule):
                 "        while self.step < self.total:\n"
                 "            self.value_optimizer.zero_grad()\n"
                 "            self.loss().backward()\n"
-                "            opt.step()\n", line=7, why="alias of the policy optimizer, value one zeroed"),
+                "            opt.step()\n", line=7, why="alias of the policy optimizer, value one zeroed", preview=True),
         Invalid("def update(model, optimizer, batch):\n"
                 "    loss = model(batch).mean()\n"
                 "    loss.backward()\n"
@@ -340,7 +340,7 @@ class GradNotZeroed(Rule):
                 "        self.optimizer.step()\n"
                 "        self.optimizer.zero_grad()\n", line=13,
                 why="Megatron chunks keep gradients in buffers optimizer.zero_grad() does not clear",
-                capability="C12", style="framework"),
+                capability="C12", style="framework", preview=True),
         Invalid("class Agent:\n"
                 "    def learn(self, b):\n"
                 "        self.loss(b).backward()\n"
