@@ -8,6 +8,7 @@ import libcst as cst
 
 from rlguard.catalog import ENTROPY_BONUS_SIGN
 from rlguard.lint.analysis import Analysis
+from rlguard.lint.analysis import semantics as S
 from rlguard.lint.analysis.infoforms import negated_origin
 from rlguard.lint.analysis.losses import flip, losses, sink_name
 from rlguard.lint.analysis.signs import factors, signs
@@ -64,6 +65,13 @@ class EntropyBonusSign(Rule):
 
     PREVIEW_PARTS = ("a loss known only by the name of the local variable that holds it (`loss = ...` with no backward, loss function or optimising caller in view)",)
     VALID = [
+        Valid("def test_vocab_parallel_gradient(logits, labels):\n"
+              "    logp = logits.log_softmax(-1).gather(-1, labels[..., None]).squeeze(-1)\n"
+              "    entropy = -(logits.softmax(-1) * logits.log_softmax(-1)).sum(-1)\n"
+              "    (logp.sum() + entropy.sum()).backward()\n"
+              "    assert logits.grad is not None\n",
+              "a gradient probe: the module steps no optimizer, so nothing is minimised and no bonus has a sign",
+              capability="FP", style="functional"),
         Valid("def test_entropy_gradient(model, ids):\n"
               "    ent = -(model(ids).softmax(-1) * model(ids).log_softmax(-1)).sum(-1)\n"
               "    ent.sum().backward()\n"
@@ -232,6 +240,8 @@ def judge_terms(ctx: Analysis, kind: str, want: int, message: str,
     reported: set[tuple[int, bool]] = set()
     found_at: dict[int, list[tuple[cst.CSTNode, Violation, bool]]] = {}
     for sink in loss.sinks():
+        if sink.kind == "backward" and _gradient_probe(ctx, sink.node):
+            continue
         name = sink_name(ctx, sink)
         if name is not None and ctx.names.is_role(name, kind) and not ctx.names.is_role(name, "mask"):
             continue  # `entropy_loss = entropy.mean()`, `def compute_kl_loss(...)`: a component, judged where it joins
@@ -280,6 +290,15 @@ def judge_terms(ctx: Analysis, kind: str, want: int, message: str,
         violation = local[0][0]
         violation.preview = all(inferred for _, inferred in shown)
         yield violation
+
+
+def _gradient_probe(ctx: Analysis, backward: cst.CSTNode) -> bool:
+    """A backward in a test function (pytest's ``test_*``) that steps no optimizer: gradients computed to be
+    looked at (``(logp.sum() + entropy.sum()).backward()`` then ``.grad`` compared), nothing minimised."""
+    func = ctx.enclosing_function(backward)
+    if func is None or not func.name.value.startswith("test"):
+        return False
+    return not any(S.method_name(call) == "step" for call in ctx.index.descendants(func, cst.Call))
 
 
 def what(kind: str) -> str:
