@@ -127,6 +127,9 @@ def load_cases(path: Path = CASES) -> list[Case]:
     return cases
 
 
+PREVIEW = False  # --preview: the preview rules and parts on
+
+
 def lines_with(source: str, path: str, qualname: str, code: str) -> list[int] | None:
     """Lines of the findings with ``code`` inside ``qualname`` of ``source``; None when the function is absent."""
     from rlguard.lint import lint_source
@@ -134,7 +137,7 @@ def lines_with(source: str, path: str, qualname: str, code: str) -> list[int] | 
     spans = snapshots.function_lines(source, qualname)
     if not spans:
         return None
-    return sorted(f.line for f in lint_source(source, path).findings
+    return sorted(f.line for f in lint_source(source, path, preview=PREVIEW).findings
                   if f.code == code and any(first <= f.line <= last for first, last in spans))
 
 
@@ -213,9 +216,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
     parser.add_argument("-v", "--verbose", action="store_true", help="one line per case")
     parser.add_argument("--write", action="store_true", help="update the Real fixes section of docs/benchmarks.md")
+    parser.add_argument("--preview", action="store_true", help="lint with the preview rules and parts on")
     parser.add_argument("--min-caught", type=fraction, help="exit 1 when fewer of the replayed cases are caught")
     parser.add_argument("--min-cleared", type=fraction, help="exit 1 when fewer of the replayed cases are cleared")
     args = parser.parse_args(argv)
+    global PREVIEW
+    PREVIEW = args.preview
 
     try:
         cases = load_cases(args.cases)

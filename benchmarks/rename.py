@@ -99,10 +99,15 @@ def _compare_tables(a: symtable.SymbolTable, b: symtable.SymbolTable, fresh: set
     gone = set(sa) - set(sb)
     added = set(sb) - set(sa)
     if a.get_type() == "class":
-        # A class body binding `k` while a method reads the enclosing function's `k` holds one symbol; renamed,
-        # the free `k` passing through the class to the method is a symbol of its own.
-        by_name = {sym.get_name(): sym for sym in b.get_symbols()}
-        added = {n for n in added if not (n in fresh and by_name[n].is_free() and not by_name[n].is_assigned())}
+        # A free name the class only passes through to its methods is their business (their tables are compared):
+        # a class body binding `k` while a method reads the enclosing function's `k` holds one symbol, which
+        # renaming splits into the class's `k` and the passing-through `v1`.
+        def passing(table, name):
+            sym = table.lookup(name)
+            return sym.is_free() and not sym.is_assigned() and not sym.is_referenced()
+
+        gone = {n for n in gone if not passing(a, n)}
+        added = {n for n in added if not (n in fresh and passing(b, n))}
     for name in sorted(set(sa) & set(sb)):
         if sa[name] != sb[name]:
             problems.append(f"symtable: in {where}/{a.get_name()}, {name!r} changed its classification")

@@ -22,7 +22,7 @@ CLEAN = "loss = pg_loss - ent_coef * entropy.mean(); loss.backward()\n"
 @pytest.fixture
 def project(tmp_path, monkeypatch):
     """An empty project (pyproject.toml with an empty [tool.rlguard]) as the current directory."""
-    (tmp_path / "pyproject.toml").write_text("[tool.rlguard]\n")
+    (tmp_path / "pyproject.toml").write_text("[tool.rlguard]\npreview = true\n")
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("RLGUARD_DEBUG", raising=False)
     return tmp_path
@@ -215,7 +215,7 @@ def test_rule_list_has_every_catalog_code(capsys):
 
 
 def test_console_script_and_module_entry_point(tmp_path):
-    (tmp_path / "pyproject.toml").write_text("[tool.rlguard]\n")
+    (tmp_path / "pyproject.toml").write_text("[tool.rlguard]\npreview = true\n")
     (tmp_path / "bug.py").write_text(ENTROPY_BUG)
     env = {k: v for k, v in os.environ.items() if k != "RLGUARD_DEBUG"}
     proc = subprocess.run([sys.executable, "-m", "rlguard", "lint", "--no-cache", "bug.py"], cwd=tmp_path,

@@ -19,7 +19,7 @@ def project(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
 
     def make(config: str = "", **files: str):
-        (tmp_path / "pyproject.toml").write_text("[tool.rlguard]\n" + textwrap.dedent(config))
+        (tmp_path / "pyproject.toml").write_text("[tool.rlguard]\npreview = true\n" + textwrap.dedent(config))
         for rel, text in files.items():
             rel = rel.replace("__", "/")  # a__b_py -> a/b.py
             path = tmp_path / (rel[:-3] + ".py" if rel.endswith("_py") else rel)
@@ -67,7 +67,8 @@ def test_command_line_overrides_config(project, capsys):
     project('select = ["RLG004"]\n', a_py=ENTROPY_BUG + KL_BUG)
     assert codes(lint(capsys, "--extend-select", "RLG011")[1]) == ["RLG004", "RLG011"]
     assert codes(lint(capsys, "--select", "RLG004,RLG011", "--ignore", "RLG004")[1]) == ["RLG011"]
-    assert codes(lint(capsys, "--isolated")[1]) == ["RLG004", "RLG011"]
+    assert codes(lint(capsys, "--isolated")[1]) == ["RLG004"]  # isolated: no config, so no preview: RLG011 is a preview rule
+    assert codes(lint(capsys, "--isolated", "--preview")[1]) == ["RLG004", "RLG011"]
 
 
 def test_ignore_rlg900_drops_syntax_errors(project, capsys):
@@ -124,13 +125,13 @@ def test_config_found_from_subfolder_and_nested_project(project, capsys, monkeyp
     assert codes(lint(capsys, "deep/a.py")[1]) == ["RLG011"]
     (root / "sub" / "pyproject.toml").write_text("[project]\nname = 'x'\n")  # no [tool.rlguard]: keep looking
     assert codes(lint(capsys, "deep/a.py")[1]) == ["RLG011"]
-    (root / "sub" / "pyproject.toml").write_text("[tool.rlguard]\nselect = ['RLG004']\n")
+    (root / "sub" / "pyproject.toml").write_text("[tool.rlguard]\npreview = true\nselect = ['RLG004']\n")
     assert codes(lint(capsys, "deep/a.py")[1]) == ["RLG004"]
 
 
 def test_explicit_config_file(project, capsys, tmp_path):
     project("", a_py=ENTROPY_BUG + KL_BUG)
-    (tmp_path / "rlguard.toml").write_text('select = ["RLG011"]\n')
+    (tmp_path / "rlguard.toml").write_text('select = ["RLG011"]\npreview = true\n')
     assert codes(lint(capsys, "--config", "rlguard.toml")[1]) == ["RLG011"]
     code, _, err = lint(capsys, "--config", "nope.toml")
     assert code == 2 and "nope.toml" in err

@@ -59,7 +59,7 @@ RULES = [all_rules()[c] for c in ("RLG004", "RLG011")]
 
 
 def _findings(source):
-    return [(f.code, f.line) for f in lint_source(textwrap.dedent(source), "trainer.py", rules=RULES).findings]
+    return [(f.code, f.line) for f in lint_source(textwrap.dedent(source), "trainer.py", rules=RULES, preview=True).findings]
 
 
 def test_negated_helper_reported_once_in_the_helper_for_every_caller():

@@ -24,7 +24,7 @@ ENTROPY_BUG = "import torch\nloss = pg_loss + ent_coef * entropy.mean(); loss.ba
 
 @pytest.fixture
 def project(tmp_path, monkeypatch):
-    (tmp_path / "pyproject.toml").write_text("[tool.rlguard]\n")
+    (tmp_path / "pyproject.toml").write_text("[tool.rlguard]\npreview = true\n")
     (tmp_path / "pkg").mkdir()
     (tmp_path / "pkg" / "train.py").write_text(ENTROPY_BUG)
     (tmp_path / "broken.py").write_text("def f(:\n")
@@ -166,7 +166,7 @@ def test_sarif_with_odd_paths_is_valid_against_the_official_schema(tmp_path, mon
         yield  # pragma: no cover
 
     monkeypatch.setattr(KlSign, "check", broken)  # an internal error on a file too: notifications name it
-    (tmp_path / "pyproject.toml").write_text("[tool.rlguard]\n")
+    (tmp_path / "pyproject.toml").write_text("[tool.rlguard]\npreview = true\n")
     for rel in ODD_PATHS:
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / rel).write_text(ENTROPY_BUG)

@@ -86,6 +86,7 @@ def test_rule_pages_say_the_status():
 
     page = render_page("RLG004")
     assert "| static check | status | severity | autofix |" in page
-    assert "| yes | stable/preview | error |" in page
+    assert "| yes | stable/preview | error |" in page  # RLG004: stable, its named sinks in preview
     assert "Stable, with parts in preview" in page and "name of the local variable" in page
-    assert "| yes | stable | error |" in render_page("RLG013")
+    assert "| yes | stable | error |" in render_page("RLG002")
+    assert "| yes | preview | error |" in render_page("RLG013") and "**Preview.**" in render_page("RLG013")

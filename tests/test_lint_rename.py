@@ -221,6 +221,16 @@ def closures():
             return k
     return [f(1) for f in fs], inner(2), C.k, C.z, C().m()
 
+def passthrough():
+    seen = {}
+
+    class Capture:
+        def put(self, v):
+            seen["v"] = v
+
+    Capture().put(7)
+    return seen
+
 def walrus(xs):
     ys = [last := x * 2 for x in xs if (t := x) > 0]
     return ys, last, t
@@ -260,7 +270,7 @@ class Acc:
     def report(self):
         return (self.value, list(self.hist))
 
-result = [list(gen(4)), closures(), walrus([1, -2, 3]), matcher({"a": 1, "b": 2}), matcher([1, 2, 3]),
+result = [list(gen(4)), closures(), passthrough(), walrus([1, -2, 3]), matcher({"a": 1, "b": 2}), matcher([1, 2, 3]),
           matcher("hi"), errs(), Acc(1).add(2).add(3).report(), sorted(items), math.floor(2.5)]
 for it in items:
     total += it

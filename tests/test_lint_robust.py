@@ -136,7 +136,7 @@ def test_internal_errors_cannot_be_ignored(project, capsys):
 # ----- only regular files ---------------------------------------------------------------------------------------------
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs on this platform")
 def test_fifo_named_like_python_is_skipped_not_waited_on(tmp_path):
-    (tmp_path / "pyproject.toml").write_text("[tool.rlguard]\n")
+    (tmp_path / "pyproject.toml").write_text("[tool.rlguard]\npreview = true\n")
     (tmp_path / "bug.py").write_text(ENTROPY_BUG)
     os.mkfifo(tmp_path / "x.py")
     env = {k: v for k, v in os.environ.items() if k != "RLGUARD_DEBUG"}
@@ -174,10 +174,10 @@ def test_newer_syntax_is_judged_by_the_target_not_the_running_python(project, ca
     body = PY312 + (ENTROPY_BUG if with_trigger else "")
     (project / "new.py").write_text(body)
     expected = ["RLG004"] if with_trigger else []
-    (project / "pyproject.toml").write_text('[tool.rlguard]\ntarget-version = "py312"\n')
+    (project / "pyproject.toml").write_text('[tool.rlguard]\npreview = true\ntarget-version = "py312"\n')
     code, out, _ = lint(capsys, "--format", "json")
     assert [f["code"] for f in json.loads(out)] == expected and code == (1 if with_trigger else 0)
-    (project / "pyproject.toml").write_text('[tool.rlguard]\ntarget-version = "py311"\n')
+    (project / "pyproject.toml").write_text('[tool.rlguard]\npreview = true\ntarget-version = "py311"\n')
     code, out, _ = lint(capsys, "--format", "json")
     (finding,) = json.loads(out)
     assert (finding["code"], finding["line"]) == ("RLG900", 1) and code == 1
@@ -196,11 +196,11 @@ def test_older_target_rejects_newer_syntax_on_a_newer_interpreter(project, capsy
 
 def test_target_version_defaults_to_requires_python(project, capsys):
     (project / "new.py").write_text(PY312)
-    (project / "pyproject.toml").write_text('[project]\nrequires-python = ">=3.12"\n[tool.rlguard]\n')
+    (project / "pyproject.toml").write_text('[project]\nrequires-python = ">=3.12"\n[tool.rlguard]\npreview = true\n')
     code, _, err = lint(capsys, "-v")
     assert code == 0
     assert "target py312 from pyproject.toml requires-python '>=3.12'" in err
-    (project / "pyproject.toml").write_text('[project]\nrequires-python = ">=3.10,<4"\n[tool.rlguard]\n')
+    (project / "pyproject.toml").write_text('[project]\nrequires-python = ">=3.10,<4"\n[tool.rlguard]\npreview = true\n')
     assert lint(capsys)[0] == 1
     # no pyproject says which Python: the newest grammar, so valid code is never a syntax error
     (project / "pyproject.toml").unlink()
@@ -208,7 +208,7 @@ def test_target_version_defaults_to_requires_python(project, capsys):
 
 
 def test_unknown_target_version_is_a_usage_error(project, capsys):
-    (project / "pyproject.toml").write_text('[tool.rlguard]\ntarget-version = "3.12"\n')
+    (project / "pyproject.toml").write_text('[tool.rlguard]\npreview = true\ntarget-version = "3.12"\n')
     code, _, err = lint(capsys)
     assert code == 2 and "unknown target version '3.12'" in err and "py312" in err
     assert lint(capsys, "--isolated", "--target-version", "py29")[0] == 2
@@ -349,7 +349,7 @@ def test_statistics_text_and_json(project, capsys):
     (["--select", "RLG901"], "", "RLG901 (unused-noqa) judges the noqa comments of the rules that run"),
 ])
 def test_a_selection_that_runs_no_rule_is_a_usage_error(project, capsys, args, config, message):
-    (project / "pyproject.toml").write_text("[tool.rlguard]\n" + config)
+    (project / "pyproject.toml").write_text("[tool.rlguard]\npreview = true\n" + config)
     (project / "a.py").write_text(ENTROPY_BUG)
     code, out, err = lint(capsys, *args)
     assert code == 2 and out == ""
@@ -374,11 +374,11 @@ def test_output_into_a_missing_folder_says_what_to_do(project, capsys):
 
 
 def test_non_utf8_pyproject_says_what_to_do(project, capsys):
-    (project / "pyproject.toml").write_bytes(b"[tool.rlguard]\n# caf\xe9\n")
+    (project / "pyproject.toml").write_bytes(b"[tool.rlguard]\npreview = true\n# caf\xe9\n")
     (project / "a.py").write_text(ENTROPY_BUG)
     code, _, err = lint(capsys)
     assert code == 2
-    assert "pyproject.toml: not UTF-8 (byte 0xe9 at offset 20); TOML files must be UTF-8" in err
+    assert "pyproject.toml: not UTF-8 (byte 0xe9 at offset 35); TOML files must be UTF-8" in err
     assert "bug" not in err and "Traceback" not in err
 
 

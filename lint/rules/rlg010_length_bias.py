@@ -68,6 +68,8 @@ class LengthBias(Rule):
 
     code = LENGTH_BIAS
     severity = "info"
+    # preview: the ecosystem check shows FALSE findings on packed single-row layouts, where a per-row mean is already the token mean (docs/benchmarks.md, Ecosystem)
+    preview = True
     triggers = (r"mask\w*\s*\)?\s*\.sum\(\s*(?:dim\s*=\s*|axis\s*=\s*)?-?1\b|masked_mean\("
                 r"|torch\.sum\(\s*\w*mask")
 

@@ -82,6 +82,8 @@ class KlSign(Rule):
 
     code = KL_SIGN
     # a KL by name or reference log-probs, or a KL written out over distributions (it needs logs)
+    # preview: the ecosystem check shows a FALSE finding on a log-likelihood regulariser added beside a preference loss (no reference model) (docs/benchmarks.md, Ecosystem)
+    preview = True
     triggers = r"kl(?:_|\b)|_kl|ref_?log|ref_per_token|reference_log|log\(|log_softmax"
     fixable = True
 

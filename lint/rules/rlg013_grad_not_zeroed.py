@@ -85,6 +85,8 @@ class GradNotZeroed(Rule):
     """
 
     code = GRAD_NOT_ZEROED
+    # preview: the ecosystem check shows FALSE findings on optimizer wrappers whose step(loss) zeroes, backpropagates and steps itself, and on steps with no backward between them (docs/benchmarks.md, Ecosystem)
+    preview = True
     triggers = r"(?i)opt\w*\s*\.\s*step\s*\(|scaler\.step\s*\("
 
     VALID = [
