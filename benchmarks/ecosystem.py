@@ -279,20 +279,13 @@ def print_diff(base: list[RepoRun], head: list[RepoRun], verdicts: dict) -> int:
 
 
 def write_doc(table: str, preview: bool) -> None:
-    text = DOC.read_text(encoding="utf-8") if DOC.exists() else "# Benchmarks\n"
     section = SECTION + (" (preview rules on)" if preview else "")
     flag = " --preview" if preview else ""
     body = (f"{section}\n\n`python benchmarks/ecosystem.py --mirrors DIR{flag} --write` "
             f"({datetime.date.today().isoformat()}): every finding on the pinned snapshots of "
             f"`benchmarks/ecosystem.toml`, held to the verdicts in `benchmarks/ecosystem_verdicts.toml`.\n\n"
             f"{table}\n")
-    start = text.find(section + "\n")
-    if start < 0:
-        text = text.rstrip("\n") + "\n\n" + body
-    else:
-        end = text.find("\n## ", start + len(section))
-        text = text[:start] + body + (text[end + 1:] if end >= 0 else "")
-    DOC.write_text(text, encoding="utf-8")
+    snapshots.replace_section(DOC, section, body)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -910,7 +910,6 @@ def render_sites(outcomes: list[Outcome]) -> str:
 
 
 def write_doc(table: str, sites_table: str, preview: bool, fuzz_line: str) -> None:
-    text = DOC.read_text(encoding="utf-8") if DOC.exists() else "# Benchmarks\n"
     flag = " --preview" if preview else ""
     body = (f"{SECTION}\n\n`python benchmarks/mutation.py --mirrors DIR{flag} --write` "
             f"({datetime.date.today().isoformat()}): one catalog fault put by a mutation operator into correct code "
@@ -918,13 +917,7 @@ def write_doc(table: str, sites_table: str, preview: bool, fuzz_line: str) -> No
             f"`benchmarks/mutation_sites_validation.toml`; the part is the repository's). Caught: a finding of the "
             f"site's code inside the mutated function, none in the original function.\n\n{table}\n\n"
             f"Sites not caught:\n\n{sites_table}\n" + (f"\n{fuzz_line}\n" if fuzz_line else ""))
-    start = text.find(SECTION + "\n")
-    if start < 0:
-        text = text.rstrip("\n") + "\n\n" + body
-    else:
-        end = text.find("\n## ", start + len(SECTION))
-        text = text[:start] + body + (text[end + 1:] if end >= 0 else "")
-    DOC.write_text(text, encoding="utf-8")
+    snapshots.replace_section(DOC, SECTION, body)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -186,19 +186,12 @@ def render(results: list[Result], skipped: list[str]) -> str:
 
 
 def write_doc(table: str, codes: int) -> None:
-    text = DOC.read_text(encoding="utf-8") if DOC.exists() else "# Benchmarks\n"
     body = (f"{SECTION}\n\n`python benchmarks/realfixes.py --mirrors DIR --write` "
             f"({datetime.date.today().isoformat()}): the mined corpus `benchmarks/realfixes.toml`, real fixes of "
             f"{codes} catalog codes from public RL-for-LM repositories (the six precision frameworks' histories "
             f"held out). *Caught*: the case's code is reported inside the enclosing function of the buggy version; "
             f"*cleared*: it is not reported there in the fixed version.\n\n{table}\n")
-    start = text.find(SECTION)
-    if start < 0:
-        text = text.rstrip("\n") + "\n\n" + body
-    else:
-        nxt = text.find("\n## ", start + len(SECTION))
-        text = text[:start] + body + (text[nxt:] if nxt >= 0 else "")
-    DOC.write_text(text, encoding="utf-8")
+    snapshots.replace_section(DOC, SECTION, body)
 
 
 def fraction(value: str) -> float:

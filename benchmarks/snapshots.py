@@ -132,3 +132,17 @@ def function_lines(source: str, qualname: str) -> list[tuple[int, int]]:
     if qualname == "<module>":
         return [(1, max(1, len(source.splitlines())))]
     return [(first, last) for first, last, name in enclosing_functions(source) if name == qualname]
+
+
+def replace_section(doc: Path, heading: str, body: str) -> None:
+    """Put ``body`` (which starts with the ``heading`` line) in place of the ``heading`` section of the markdown file
+    ``doc`` (up to the next ``## `` heading), or at its end when the section is absent; other sections are kept."""
+    text = doc.read_text(encoding="utf-8") if doc.exists() else "# Benchmarks\n"
+    start = text.find(heading + "\n")
+    if start < 0:
+        text = text.rstrip("\n") + "\n\n" + body
+    else:
+        nxt = text.find("\n## ", start + len(heading))
+        text = text[:start] + body + (text[nxt:] if nxt >= 0 else "")
+    doc.write_text(text, encoding="utf-8")
+
