@@ -151,22 +151,27 @@ def ratio_terms(a: "Analysis") -> list[tuple[cst.Call, cst.BaseExpression, cst.B
 def old_logp_arguments(a: "Analysis") -> list[tuple[cst.BaseExpression, cst.Call]]:
     """Expressions passed where old log-probs are expected: an ``old_logp``-named keyword, or positionally to a
     same-module function's ``old_logp``-named parameter."""
+    return [(value, call) for value, name, call in handed_values(a) if a.names.is_role(name, "old_logp")]
+
+
+def handed_values(a: "Analysis") -> list[tuple[cst.BaseExpression, str, cst.Call]]:
+    """(value, interface name, call) for every argument of a call: its keyword, or the name of the same-module
+    parameter it binds positionally."""
     def build(an):
+        from rlguard.lint.analysis.values import bind_arguments
+
         found = []
         for call in an.nodes(cst.Call):
             for arg in call.args:
-                if arg.keyword is not None and an.names.is_role(arg.keyword.value, "old_logp"):
-                    found.append((arg.value, call))
+                if arg.keyword is not None:
+                    found.append((arg.value, arg.keyword.value, call))
             func = an.callee(call)
             if func is not None:
-                from rlguard.lint.analysis.values import bind_arguments
-
                 for param, (value, _frame) in bind_arguments(func, call, None):
-                    if an.names.is_role(param, "old_logp") and not any(
-                            arg.keyword is not None and arg.keyword.value == param for arg in call.args):
-                        found.append((value, call))
+                    if not any(arg.keyword is not None and arg.keyword.value == param for arg in call.args):
+                        found.append((value, param, call))
         return found
-    return a.facet("old_logp_arguments", build)
+    return a.facet("handed_values", build)
 
 
 # ----- targets by their use --------------------------------------------------------------------------------------
@@ -204,8 +209,6 @@ def _reaches(a: "Analysis", d: Def, reads) -> bool:
 
 def _interface_reads(a: "Analysis") -> list[tuple[cst.BaseExpression, str]]:
     def build(an):
-        from rlguard.lint.analysis.values import bind_arguments
-
         out: list[tuple[cst.BaseExpression, str]] = []
 
         def add(expr, name):
@@ -214,15 +217,8 @@ def _interface_reads(a: "Analysis") -> list[tuple[cst.BaseExpression, str]]:
             if expr is not None and key_of(expr) is not None and isinstance(name, str):
                 out.append((expr, name))
 
-        for call in an.nodes(cst.Call):
-            for arg in call.args:
-                if arg.keyword is not None:
-                    add(arg.value, arg.keyword.value)
-            func = an.callee(call)
-            if func is not None:
-                for param, (value, _frame) in bind_arguments(func, call, None):
-                    if not any(arg.keyword is not None and arg.keyword.value == param for arg in call.args):
-                        add(value, param)
+        for value, name, _call in handed_values(an):
+            add(value, name)
         for stmt in an.nodes(cst.Assign):
             for target in stmt.targets:
                 t = target.target
