@@ -1,7 +1,7 @@
 """Ecosystem check: lint public RL repositories at pinned commits, as a new user would, and hold every finding to a
 reviewed verdict (in the manner of mypy_primer and ruff's ecosystem CI).
 
-The repositories, their commits and the development/validation split are in ``ecosystem.toml`` (the split was made
+The repositories, their commits and the split into parts (development, validation, and a later holdout) are in ``ecosystem.toml`` (the split was made
 once, before tuning, and is kept). Verdicts live in one file, ``ecosystem_verdicts.toml``: one per finding key
 ``"<name>:<path>:<function>:<code>"`` with ``verdict = "TRUE" | "FALSE" | "DEBATABLE"`` and a one-line ``reason``
 judged by reading the code. Snapshots come from local bare mirrors (``--mirrors DIR`` or ``RLGUARD_MIRRORS``; see
@@ -49,6 +49,8 @@ sys.path.insert(0, str(HERE))
 import snapshots  # noqa: E402
 
 REPOS = HERE / "ecosystem.toml"
+# development: tuned on; validation: judged, never tuned on; holdout: added later, only measured (ecosystem.toml)
+PARTS = ("development", "validation", "holdout")
 VERDICTS = HERE / "ecosystem_verdicts.toml"
 DOC = ROOT / "docs" / "benchmarks.md"
 SECTION = "## Ecosystem"
@@ -79,8 +81,8 @@ def load_toml(path: Path) -> dict:
 def load_repos() -> list[dict]:
     repos = load_toml(REPOS)["repo"]
     for entry in repos:
-        if entry.get("part") not in ("development", "validation"):
-            raise SystemExit(f"{REPOS.name}: repository {entry.get('name')!r} has no part (development or validation)")
+        if entry.get("part") not in PARTS:
+            raise SystemExit(f"{REPOS.name}: repository {entry.get('name')!r} has no part ({', '.join(PARTS)})")
     return repos
 
 
@@ -250,7 +252,7 @@ def render_table(runs: list[RepoRun], verdicts: dict) -> str:
                      f"{len(run.hits)} | {judged['TRUE']} | {judged['FALSE']} | {judged['DEBATABLE']} | "
                      f"{judged['UNJUDGED']} | {cells} |")
     lines.append("")
-    for part in ("development", "validation"):
+    for part in PARTS:
         t = totals.get(part)
         if t is None:
             continue
@@ -293,7 +295,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mirrors", help=f"folder of bare git mirrors (default: ${snapshots.ENV})")
     parser.add_argument("--work", default=str(ROOT / ".rlguard_ecosystem"), help="snapshots and cache")
     parser.add_argument("--only", action="append", help="repository short name (repeatable)")
-    parser.add_argument("--part", choices=("development", "validation"), help="one part of the split only")
+    parser.add_argument("--part", choices=PARTS, help="one part of the split only")
     parser.add_argument("--preview", action="store_true", help="turn the preview rules on")
     parser.add_argument("--diff", metavar="REV", help="list the findings added/removed relative to rlguard at REV")
     parser.add_argument("--rev", metavar="REV", help="lint with rlguard at REV (a commit of this repository) instead "

@@ -596,7 +596,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rule-examples", action="store_true", help="every VALID and INVALID example of every rule")
     parser.add_argument("--ecosystem", action="store_true", help=f"the snapshot trees under {TREES}")
     parser.add_argument("--only", action="append", default=[], metavar="NAME", help="with --ecosystem: this repository")
-    parser.add_argument("--part", choices=("development", "validation"), help="with --ecosystem: one part of the split")
+    parser.add_argument("--part", choices=("development", "validation", "holdout"), help="with --ecosystem: one part of the split")
     parser.add_argument("--preview", action="store_true",
                         help="lint with the preview rules and parts on (passed to lint_source as preview=True)")
     parser.add_argument("--jobs", "-j", type=int, default=1, help="worker processes")

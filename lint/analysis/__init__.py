@@ -33,6 +33,21 @@ if TYPE_CHECKING:
     from rlguard.lint.analysis.summaries import Project
 
 
+# module methods that return the module itself: `Net(...).to(device)` is still the Net
+_RETURNS_SELF = frozenset({"to", "cuda", "cpu", "float", "half", "double", "bfloat16", "train", "eval",
+                           "requires_grad_", "share_memory"})
+
+
+def _constructor_call(value: cst.BaseExpression | None) -> cst.Call | None:
+    """``C(...)`` of ``C(...)`` / ``C(...).to(device).eval()``: the call of a named class, else None."""
+    while isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and \
+            value.func.attr.value in _RETURNS_SELF:
+        value = value.func.value
+    if isinstance(value, cst.Call) and isinstance(value.func, cst.Name):
+        return value
+    return None
+
+
 class Analysis:
     """Everything a rule may ask about one parsed module. Built once per file, shared by all rules; facets and
     per-module facts are computed on first use and cached here."""
@@ -235,9 +250,8 @@ class Analysis:
         if hit is None:
             keys = set()
             for stmt in self.nodes(cst.Assign, cst.AnnAssign):
-                value = stmt.value
-                if isinstance(value, cst.Call) and isinstance(value.func, cst.Name) and \
-                        value.func.value in self.index.classes:
+                value = _constructor_call(stmt.value)
+                if value is not None and value.func.value in self.index.classes:
                     targets = [t.target for t in stmt.targets] if isinstance(stmt, cst.Assign) else [stmt.target]
                     keys.update(k for k in map(key_of, targets) if k is not None)
             hit = self.cache["constructed_keys"] = frozenset(keys)
@@ -254,8 +268,8 @@ class Analysis:
         defs = self.flow.reaching(key, expr)
         classes = set()
         for d in defs:
-            value = d.value if d.kind == "assign" and d.element is None else None
-            if not (isinstance(value, cst.Call) and isinstance(value.func, cst.Name)):
+            value = _constructor_call(d.value) if d.kind == "assign" and d.element is None else None
+            if value is None:
                 return None
             cls = self.class_named(value.func.value)
             if cls is None:

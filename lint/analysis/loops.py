@@ -88,9 +88,15 @@ class Training:
         value = self.objs.value(expr)
         if isinstance(value, Tup):
             return False
-        names = [n for o in value for n in o.names] + ([_last_name(expr)] if _last_name(expr) else [])
+        # an element of what a call returns (`opt, sched = make_optimizer(...)`) is not named by the call
+        names = [n for o in value if not o.key.endswith("]") for n in o.names] + (
+            [_last_name(expr)] if _last_name(expr) else [])
         for o in value:
             if o.kind == "new" and o.names and S.OPTIMIZER_CLASS.fullmatch(o.names[0]):
+                return True
+            if o.kind == "opaque" and o.names and not o.key.endswith("]") and S.OPTIMIZER_CLASS.fullmatch(o.names[0]):
+                # what an optimizer class or factory returns (`optim.Adam(...)`), whatever it is called; not an
+                # element of a tuple it returns (`opt, sched = make_optimizer(...)`)
                 return True
             if o.kind == "opaque" and o.node_id and self._from_deepspeed(o):
                 return False
@@ -107,11 +113,13 @@ class Training:
         recv = S.receiver(call)
         if recv is None:
             return None
-        if self.is_optimizer(recv):
-            return recv
         name = _last_name(recv) or ""
         if re.fullmatch(r"(?i)\w*scaler", name) and call.args and self.is_optimizer(call.args[0].value):
-            return call.args[0].value
+            return call.args[0].value  # AMP: scaler.step(optimizer)
+        if _steps_with_a_value(self.a, call):
+            return None  # `optim.step(loss)`: a wrapper that backpropagates and steps itself, not torch's step
+        if self.is_optimizer(recv):
+            return recv
         return None
 
     # ----- module facts --------------------------------------------------------------------------------------
@@ -418,3 +426,18 @@ def _last_name(expr: cst.BaseExpression | None) -> str | None:
 
 def training(a: "Analysis") -> Training:
     return a.facet("training", Training)
+
+
+def _steps_with_a_value(a: "Analysis", call: cst.Call) -> bool:
+    """``x.step(v)`` with a positional argument that is no closure: torch's ``Optimizer.step`` takes only a
+    closure (a lambda or a function), so ``step(loss)`` is another API's step (a wrapper that runs the backward
+    and the update, an environment's ``step(action)``)."""
+    positional = [arg.value for arg in call.args if arg.keyword is None and not arg.star]
+    if not positional:
+        return False
+    first = positional[0]
+    if isinstance(first, cst.Lambda):
+        return False
+    if isinstance(first, cst.Name) and any(d.kind in ("def", "function") for d in a.flow.reaching(first.value, first)):
+        return False
+    return True

@@ -80,7 +80,7 @@ class Losses:
         found: list[Sink] = []
         backwarded_functions: set[int] = set()
         for call in backward_calls(a):
-            loss = backward_loss(call)
+            loss = backward_loss(call, a)
             if loss is None or _vector_jacobian(call, loss):
                 continue
             found.append(Sink(loss, call, "backward"))

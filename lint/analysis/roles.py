@@ -69,9 +69,11 @@ def backward_calls(a: "Analysis") -> list[cst.Call]:
     return a.facet("backward_calls", build)
 
 
-def backward_loss(call: cst.Call) -> cst.BaseExpression | None:
+def backward_loss(call: cst.Call, a: "Analysis | None" = None) -> cst.BaseExpression | None:
     """The loss a backward call propagates: ``loss.backward()`` -> loss; ``accelerator.backward(loss)`` -> loss;
-    ``scaler.scale(loss).backward()`` -> loss."""
+    ``scaler.scale(loss).backward()`` -> loss. A positional argument is the loss when the receiver is an engine:
+    by its name, or (with ``a``) by how it is built, ``self.acc = Accelerator(...)``, whatever it is called (for
+    a tensor, the positional argument of ``backward`` is the gradient of a vector-Jacobian product)."""
     recv = S.receiver(call)
     if recv is None:
         return None
@@ -79,18 +81,45 @@ def backward_loss(call: cst.Call) -> cst.BaseExpression | None:
     if call.args and call.args[0].keyword is None:
         name = dotted_name(recv) or ""
         if S.ENGINE_NAME.fullmatch(name.rsplit(".", 1)[-1]) or name in ("self", "torch.autograd") or \
-                name.endswith(("model", "module", "engine", "accelerator", "strategy", "fabric")):
+                name.endswith(("model", "module", "engine", "accelerator", "strategy", "fabric")) or \
+                (a is not None and _built_as_engine(a, recv)):
             loss = call.args[0].value
     while isinstance(loss, cst.Call) and S.method_name(loss) == "scale" and loss.args:
         loss = loss.args[0].value
     return loss
 
 
+def _built_as_engine(a: "Analysis", expr: cst.BaseExpression, depth: int = 3) -> bool:
+    """Whether every binding of ``expr`` is a training engine by its interface: it constructs ``Accelerator(...)``,
+    ``Fabric(...)``, a ``*Engine``/``*Strategy`` class or unpacks ``deepspeed.initialize(...)[0]`` (the class's
+    name, not the variable's), or it is a parameter so named (``def __init__(self, accelerator)``)."""
+    key = key_of(expr)
+    defs = a.flow.reaching(key, expr) if key is not None and depth > 0 else []
+    if not defs:
+        return False
+    for d in defs:
+        if d.kind == "param":
+            if not S.ENGINE_NAME.fullmatch(d.key):
+                return False
+            continue
+        value = d.value if d.kind == "assign" else None
+        if isinstance(value, (cst.Name, cst.Attribute)) and d.element is None:
+            if not _built_as_engine(a, value, depth - 1):
+                return False
+            continue
+        if not isinstance(value, cst.Call):
+            return False
+        called = (dotted_name(value.func) or "").rsplit(".", 1)[-1]
+        if not (S.ENGINE_NAME.fullmatch(called) or called == "initialize" and d.element == 0):
+            return False
+    return True
+
+
 def is_backpropagated(a: "Analysis", d: Def) -> bool:
     """Whether the value bound by ``d`` is itself what a ``.backward()`` propagates (through reductions):
     ``ref_logp.sum().backward()`` makes ``ref_logp`` a loss, not a target."""
     for call in backward_calls(a):
-        loss = backward_loss(call)
+        loss = backward_loss(call, a)
         while isinstance(loss, cst.Call) and S.method_name(loss) in REDUCING:
             loss = S.receiver(loss)
         key = key_of(loss) if loss is not None else None
@@ -142,10 +171,43 @@ def ratio_terms(a: "Analysis") -> list[tuple[cst.Call, cst.BaseExpression, cst.B
                 exponent = S.receiver(call)
             elif an.call_name(call) in ("torch.exp", "math.exp", "numpy.exp") and call.args:
                 exponent = call.args[0].value
-            if isinstance(exponent, cst.BinaryOperation) and isinstance(exponent.operator, cst.Subtract):
-                found.append((call, exponent.left, exponent.right))
+            difference = _log_difference(an, exponent) if exponent is not None else None
+            if difference is not None:
+                found.append((call, difference.left, difference.right))
         return found
     return a.facet("ratio_terms", build)
+
+
+# what a log-ratio goes through on its way into exp: a clamp against overflow, a cast
+_LOG_RATIO_KEEPING = frozenset({"clamp", "clip", "float", "double", "to", "detach"})
+
+
+def _log_difference(a: "Analysis", expr: cst.BaseExpression) -> cst.BinaryOperation | None:
+    """The subtraction ``cur - y`` an exponent is, directly or through plain assignments and clamps/casts
+    (``log_ratio = logp - old; log_ratio = log_ratio.clamp(-20, 20); ratio = log_ratio.exp()``)."""
+    for _ in range(6):
+        if isinstance(expr, cst.BinaryOperation) and isinstance(expr.operator, cst.Subtract):
+            return expr
+        if isinstance(expr, cst.BinaryOperation) and isinstance(expr.operator, cst.Multiply):
+            # a masked log-ratio, `(logp - old) * mask`: the tensor factor that is no difference is the mask
+            sides = [side for side in (expr.left, expr.right) if key_of(side) is not None]
+            if len(sides) != 1:
+                return None
+            expr = expr.right if sides[0] is expr.left else expr.left
+            continue
+        if isinstance(expr, cst.Call):
+            if a.method(expr) in _LOG_RATIO_KEEPING and S.receiver(expr) is not None:
+                expr = S.receiver(expr)
+                continue
+            if a.call_name(expr) in ("torch.clamp", "torch.clip") and expr.args:
+                expr = expr.args[0].value
+                continue
+            return None
+        value = _single_value(a, expr)
+        if value is expr:
+            return None
+        expr = value
+    return None
 
 
 def old_logp_arguments(a: "Analysis") -> list[tuple[cst.BaseExpression, cst.Call]]:
@@ -274,8 +336,9 @@ def clip_weights(a: "Analysis") -> frozenset:
                         if not _same_read(an, x, right[j]):
                             continue
                         inner = _clamped(an, right[1 - j]) or _clamped(an, _single_value(an, right[1 - j]))
-                        if inner is not None and _same_read(an, inner, r) and key_of(x) is not None:
-                            found.add(_read_id(an, x))
+                        read = _value_read(an, x)  # `ratio * adv.unsqueeze(1)` weighs by adv
+                        if inner is not None and _same_read(an, inner, r) and key_of(read) is not None:
+                            found.add(_read_id(an, read))
         return frozenset(found)
     return a.facet("clip_weights", build)
 
@@ -301,11 +364,21 @@ def _read_id(a: "Analysis", expr: cst.BaseExpression) -> tuple:
     return key, frozenset(id(d) for d in a.flow.reaching(key, expr))
 
 
+def _value_read(a: "Analysis", expr: cst.BaseExpression) -> cst.BaseExpression:
+    """The value a broadcast, cast or row selection reads (``adv.unsqueeze(1)``, ``adv.view(-1, 1).float()``,
+    ``adv[idx]`` -> ``adv``; a string key, ``batch["adv"]``, is a value of its own)."""
+    while True:
+        if isinstance(expr, cst.Call) and a.method(expr) in ("unsqueeze", "detach", "float", "view", "reshape") and \
+                S.receiver(expr) is not None:
+            expr = S.receiver(expr)
+        elif isinstance(expr, cst.Subscript) and key_of(expr) is None and key_of(expr.value) is not None:
+            expr = expr.value
+        else:
+            return expr
+
+
 def _same_read(a: "Analysis", x: cst.BaseExpression, y: cst.BaseExpression) -> bool:
-    while isinstance(x, cst.Call) and a.method(x) in ("unsqueeze", "detach", "float", "view", "reshape"):
-        x = S.receiver(x)
-    while isinstance(y, cst.Call) and a.method(y) in ("unsqueeze", "detach", "float", "view", "reshape"):
-        y = S.receiver(y)
+    x, y = _value_read(a, x), _value_read(a, y)
     if key_of(x) is None or key_of(x) != key_of(y):
         return False
     return _read_id(a, x) == _read_id(a, y)

@@ -144,7 +144,7 @@ def loss_inputs(a: "Analysis") -> list[cst.Call]:
         found: list[cst.Call] = []
         seen: set[int] = set()
         for call in backward_calls(an):
-            loss = backward_loss(call)
+            loss = backward_loss(call, an)
             todo = [(loss, None, call, 8)] if loss is not None else []
             while todo:
                 expr, key, at, depth = todo.pop()

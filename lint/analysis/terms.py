@@ -165,7 +165,8 @@ class Quantities:
             inner = [(f, self.sign(kind, f, frame, depth - 1)) for f in facs]
             hits = [(f, s) for f, s in inner if s is not None]
             others = [f for f, s in inner if s is None]
-            if len(hits) == 1 and all(self.signs.scale(f, frame) is not None for f in others):
+            if len(hits) == 1 and all(self.signs.scale(f, frame) is not None or self._positive(f)
+                                      for f in others):
                 return sign * hits[0][1]
             return None
         # a sum is the quantity only when every term is (constants aside): `pg + c * H` is a loss, not an entropy
@@ -250,6 +251,22 @@ class Quantities:
         logp_side = any("logprobs" in w for w in whats)
         prob_side = any("softmax" in t or "exp(" in t or "probs" in t for t in texts)
         return logp_side and prob_side
+
+    def _positive(self, expr, depth: int = 3) -> bool:
+        """A tensor factor positive by construction, which weighs a quantity without changing its sign: an
+        importance weight ``exp(logp - old)`` (clamped or not), a sigmoid, or a name bound only to those."""
+        while isinstance(expr, cst.Call) and (self.a.method(expr) in ("clamp", "clip", "detach", "float") or
+                                              self.a.call_name(expr) in ("torch.clamp", "torch.clip")):
+            expr = S.receiver(expr) if self.a.method(expr) else (expr.args[0].value if expr.args else None)
+        if isinstance(expr, cst.Call):
+            return (self.a.method(expr) in ("exp", "sigmoid") and not expr.args) or self.a.call_name(expr) in (
+                "torch.exp", "torch.sigmoid")
+        key = key_of(expr) if expr is not None else None
+        if key is None or depth <= 0:
+            return False
+        defs = self.a.flow.reaching(key, expr)
+        return bool(defs) and all(d.kind == "assign" and d.element is None and d.value is not None and
+                                  self._positive(d.value, depth - 1) for d in defs)
 
     # ----- KL to the reference -----------------------------------------------------------------------------------
     def _kl(self, expr, frame, depth) -> int | None:
@@ -345,10 +362,32 @@ class Quantities:
             return "policy"
         return None
 
-    def _is_reference_logp(self, expr, frame) -> bool:
+    def _copied_from(self, expr) -> list[cst.BaseExpression]:
+        """What a local name copies: the values of its plain assignments when each is a read of a stored value
+        (``ref = inputs["ref_per_token_logps"]``, ``old = batch.get("old_logprobs")``, ``x = y``), else []. The
+        interface the value was read from names its role; the local variable's name does not."""
+        if not isinstance(expr, cst.Name):
+            return []
+        defs = self.a.flow.reaching(expr.value, expr)
+        values = []
+        for d in defs:
+            value = d.value if d.kind == "assign" and d.element is None else None
+            if isinstance(value, cst.Call) and self.a.method(value) == "get" and value.args and \
+                    isinstance(value.args[0].value, cst.SimpleString):
+                values.append(value)
+            elif isinstance(value, (cst.Subscript, cst.Attribute, cst.Name)) and key_of(value) is not None:
+                values.append(value)
+            else:
+                return []
+        return values
+
+    def _is_reference_logp(self, expr, frame, depth: int = 2) -> bool:
         role = self._argument_role(expr, frame)
         if role is not None:
             return role == "reference"
+        copies = self._copied_from(expr) if depth > 0 else []
+        if copies and all(self._is_reference_logp(c, frame, depth - 1) for c in copies):
+            return True
         name = self._name(expr)
         if name is not None and (self.a.names.is_role(name, "ref_logp") or (
                 self.a.names.is_role(name, "ref_model") and isinstance(expr, cst.Name))):
@@ -361,6 +400,9 @@ class Quantities:
         role = self._argument_role(expr, frame)
         if role is not None:
             return role == "policy"
+        copies = self._copied_from(expr)
+        if copies and any(self._stored_role(c) in ("ref_logp", "old_logp") for c in copies):
+            return False
         name = self._name(expr)
         if name is not None and (self.a.names.is_role(name, "ref_logp") or self.a.names.is_role(name, "old_logp")):
             return False
@@ -369,6 +411,21 @@ class Quantities:
         forwards = [o for o in self.prov.value(expr, frame) if o.kind == FORWARD]
         return bool(forwards) and all(o.what == "logprobs" and (o.model is None or o.model.role in ("policy", "model"))
                                       for o in forwards)
+
+    def _stored_role(self, expr) -> str | None:
+        name = self._get_key(expr) or self._name(expr)
+        for role in ("ref_logp", "old_logp"):
+            if name is not None and self.a.names.is_role(name, role):
+                return role
+        return None
+
+    @staticmethod
+    def _get_key(expr) -> str | None:
+        """``"k"`` of ``x.get("k", ...)``."""
+        if isinstance(expr, cst.Call) and isinstance(expr.func, cst.Attribute) and expr.func.attr.value == "get" \
+                and expr.args and isinstance(expr.args[0].value, cst.SimpleString):
+            return expr.args[0].value.evaluated_value
+        return None
 
     def _logp_like(self, expr, frame) -> bool:
         return self._is_policy_logp(expr, frame) or self._is_reference_logp(expr, frame) or any(

@@ -158,6 +158,13 @@ class EntropyBonusSign(Rule):
               capability="C2", style="functional"),
         Valid("h = -(q * q.log()).sum(-1)\nl = pg - 0.01 * (h * w).sum() / w.sum().clamp(min=1)\nl.backward()\n",
               "a masked mean of the entropy, by the mask's use, subtracted", capability="C2", style="script"),
+        Valid("def update(loss_module, data, optim):\n"
+              "    for batch in data:\n"
+              "        out = loss_module(batch)\n"
+              "        total = out['loss_objective'] + out.get('loss_entropy', 0.0)\n"
+              "        total.backward(); optim.step(); optim.zero_grad()\n",
+              "torchrl: the loss module's `loss_entropy` is already -c * entropy", capability="FP",
+              style="framework"),
     ]
     INVALID = [
         Invalid("loss = pg_loss + ent_coef * entropy.mean()\n", line=1,
@@ -216,6 +223,32 @@ class EntropyBonusSign(Rule):
         Invalid("h = -(q * q.log()).sum(-1)\nl = pg + 0.01 * (h * w).sum() / w.sum().clamp(min=1)\nl.backward()\n",
                 line=2, why="w is a mask by its use (it also counts the denominator): a masked mean of the entropy",
                 capability="C2", style="script"),
+        Invalid("from accelerate import Accelerator\n\n"
+                "def spread(p):\n"
+                "    e = (-p * torch.log(p.clamp(min=1e-9))).sum(dim=-1)\n"
+                "    return e.mean()\n\n"
+                "class Trainer:\n"
+                "    def __init__(self, net, beta_s=0.01):\n"
+                "        self.a1, self.a2, self.a3 = net, Accelerator(), beta_s\n\n"
+                "    def learn(self, x, v1):\n"
+                "        v2 = self.a1(x).softmax(-1)\n"
+                "        v3 = v1 + self.a3 * spread(v2)\n"
+                "        self.a2.backward(v3.mean())\n", line=13,
+                why="the engine is known by its construction (`Accelerator()`), not its name: its backward(x) "
+                    "minimises x, and the entropy is added", capability="C2", style="class"),
+        Invalid("class Net(nn.Module):\n"
+                "    def evaluate(self, s, a):\n"
+                "        d = Categorical(logits=self.pi(s))\n"
+                "        return d.log_prob(a), self.v(s), d.entropy()\n\n"
+                "class Algo:\n"
+                "    def __init__(self, dev):\n"
+                "        self.a1 = Net().to(dev)\n\n"
+                "    def update(self, s, a, adv):\n"
+                "        v1, v2, v3 = self.a1.evaluate(s, a)\n"
+                "        v4 = -(v1 * adv) + 0.01 * v3\n"
+                "        v4.mean().backward()\n", line=12,
+                why="`Net(...).to(dev)` is still a Net: the third element of its evaluate is an entropy",
+                capability="C1", style="class"),
     ]
 
     def check(self, ctx: Analysis) -> Iterator[Violation]:

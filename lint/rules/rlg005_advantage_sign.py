@@ -21,8 +21,8 @@ from rlguard.lint.rule import Invalid, Rule, Valid, Violation
 WEIGHT_ROLES = ("advantages", "returns", "rewards")
 BASELINE_NAME = re.compile(r"(?i)\w*(mean|avg|average|baseline|values?|vpreds?|v_preds?|bias)\w*|v|b|mu|base")
 RATIO_NAME = re.compile(r"(?i)\w*ratios?\w*|rhos?|coef_[12]|is_weights?|importance_weights?")
-# clip bounds, not ratios: verl's clip_ratio_c, clip_ratio_low/high
-NOT_RATIO_NAME = re.compile(r"(?i)\w*clip_?ratio\w*|\w*ratio_(c|low|high|max|min|eps|clip|range)")
+# clip bounds, not ratios: verl's clip_ratio_c, clip_ratio_low/high, NeMo-RL's ratio_clip_c/min/max
+NOT_RATIO_NAME = re.compile(r"(?i)\w*clip_?ratio\w*|\w*ratio_clip\w*|\w*ratio_(c|low|high|max|min|eps|clip|range)")
 COEF_ROLES = ("entropy_coef", "kl_coef")
 # Objects that hold settings: an attribute read from one is a number, not a tensor.
 CONFIG_HEADS = frozenset({"cfg", "config", "args", "hparams", "opts", "options", "params", "settings", "conf",
@@ -88,7 +88,7 @@ class AdvantageSign(Rule):
     # a ratio clipped to a trust region (`clamp(r, 1 - eps, 1 + eps)`, `r.clamp(0.8, 1.2)`) stands for a PPO
     # surrogate whatever its weights are called; a bare clamp( would pass most files for nothing
     triggers = (r"advantage|Advantage|adv(?:s\b|_|\b)|\*\s*-?\s*(?:A|returns?|rewards?)\b"
-                r"|(?:clamp|clip)\([^)\n]*(?:\b1\s*[-+]|\b0\.\d+\s*,\s*1\.\d)"
+                r"|(?:clamp|clip)\([^)\n]*(?:\b1(?:\.0*)?\s*[-+]|\b0\.\d+\s*,\s*1\.\d)"
                 r"|(?:returns?|rewards?)\s*\*\s*\w*(?:ratio|log_?prob|logp)|A\s*\*\s*\w*(?:ratio|log_?prob|logp)")
 
     PREVIEW_PARTS = ("a loss known only by the name of the local variable that holds it (`loss = ...` with no backward, loss function or optimising caller in view)",)
@@ -166,6 +166,14 @@ class AdvantageSign(Rule):
               "        return -torch.min(surr1, surr2).mean()\n", "names, self attributes, returned"),
         Valid("value_loss = ((values - returns) ** 2).mean()\nloss = pg_loss + 0.5 * value_loss\n",
               "returns in a value loss"),
+        Valid("def grpo_step(model, ids, v29, v33, v75, v32):\n"
+              "    v37 = torch.log_softmax(model(ids).logits[:, :-1], -1).gather(2, ids[:, 1:, None])[..., 0]\n"
+              "    v45 = v33 - v33.view(-1, v75.g).mean(dim=1).repeat_interleave(v75.g)\n"
+              "    v52 = torch.exp(v37 - v29)\n"
+              "    v55 = torch.clamp(v52, 1.0 - v75.eps, 1.0 + v75.eps)\n"
+              "    v54 = -torch.min(v52 * v45.unsqueeze(1), v55 * v45.unsqueeze(1))\n"
+              "    ((v54 * v32).sum() / v32.sum()).backward()\n",
+              "neutral names, broadcast advantages, negated min: correct", capability="C2", style="script"),
     ]
     INVALID = [
         Invalid("def group_advantages(rewards, group_size):\n"
@@ -230,6 +238,34 @@ class AdvantageSign(Rule):
                 "    return torch.minimum(worst, floor).mean()\n", line=7,
                 why="the advantages (known from the clip) bound by the dual clip on every token", capability="C2",
                 style="framework"),
+        Invalid("def grpo_step(model, ids, v29, v33, v75, v32):\n"
+                "    v37 = torch.log_softmax(model(ids).logits[:, :-1], -1).gather(2, ids[:, 1:, None])[..., 0]\n"
+                "    v43 = v33.view(-1, v75.g).mean(dim=1).repeat_interleave(v75.g)\n"
+                "    v45 = v33 - v43\n"
+                "    v52 = torch.exp(v37 - v29)\n"
+                "    v55 = torch.clamp(v52, 1.0 - v75.eps, 1.0 + v75.eps)\n"
+                "    v56 = v52 * v45.unsqueeze(1)\n"
+                "    v57 = v55 * v45.unsqueeze(1)\n"
+                "    v58 = (torch.min(v56, v57) * v32).sum() / v32.sum()\n"
+                "    v58.backward()\n", line=7,
+                why="neutral names: the advantage is the broadcast value weighing both sides of the clip "
+                    "(`A.unsqueeze(1)`), the ratio an exp of a log-prob difference; the minus is missing",
+                capability="C2", style="script"),
+        Invalid("def epoch(model, v27, v31, v46, v60, cfg):\n"
+                "    for v77 in torch.randperm(8).split(2):\n"
+                "        v83 = model(v27[v77]) - v31[v77]\n"
+                "        v89 = torch.exp(v83)\n"
+                "        v92 = torch.min(-v60[v77] * v89, -v60[v77] * torch.clamp(v89, 1.0 - cfg.eps, 1.0 + cfg.eps))\n"
+                "        (v92 * v46[v77]).sum().backward()\n", line=5,
+                why="row-selected advantages `A[idx]` on both sides: min of the negated surrogates is the "
+                    "optimistic bound", capability="C2", style="script"),
+        Invalid("def loss(logprobs, old_logprobs, advantages, mask, eps):\n"
+                "    lr = (logprobs - old_logprobs) * mask\n"
+                "    r = torch.exp(lr)\n"
+                "    a = -advantages * r\n"
+                "    b = -advantages * torch.clamp(r, 1.0 - eps, 1.0 + eps)\n"
+                "    return torch.sum(torch.min(a, b) * mask) / mask.sum()\n", line=6,
+                why="a masked log-ratio under exp is still the ratio", capability="C2", style="functional"),
     ]
 
     def check(self, ctx: Analysis) -> Iterator[Violation]:
@@ -336,8 +372,9 @@ class _Surrogates:
         key = key_of(expr)
         if key is not None and depth > 0:
             defs = self.ctx.flow.reaching(key, expr)
-            if defs and all(d.kind == "assign" and d.value is not None and d.element is None and
-                            self.is_ratio(d.value, frame, depth - 1) for d in defs):
+            # a ratio on one path is a ratio (`ratio = exp(lr)` for PPO, a sequence-level one for GSPO)
+            if any(d.kind == "assign" and d.value is not None and d.element is None and
+                   self.is_ratio(d.value, frame, depth - 1) for d in defs):
                 return True
         return self.quantity._is_policy_logp(expr, frame) if name is not None else False
 
@@ -345,8 +382,9 @@ class _Surrogates:
         """The net sign of the advantages in a surrogate ``ratio * A`` (through names and reductions), else None."""
         for term in self.signs.terms(expr, frame, stop=self.stop):
             sign, facs = factors(term.expr)
-            weights = [self.weight_sign(f, term.frame) for f in facs]
             ratios = [self.is_ratio(f, term.frame) for f in facs]
+            # a factor that is a ratio by its computation is no weight, whatever its name says (`r`)
+            weights = [None if is_r else self.weight_sign(f, term.frame) for f, is_r in zip(facs, ratios)]
             if any(ratios) and sum(w is not None for w in weights) == 1:
                 w = next(w for w in weights if w is not None)
                 return term.sign * sign * w

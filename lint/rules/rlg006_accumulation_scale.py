@@ -388,7 +388,7 @@ class AccumulationScale(Rule):
                                             "normalised by stays this rank's own; reduce the count variable itself "
                                             "(`n = mask.sum(); dist.all_reduce(n)`) and divide by it")
         for call in acc.train.facts.backwards:
-            loss = backward_loss(call)
+            loss = backward_loss(call, ctx)
             if loss is None:
                 continue
             loops = ctx.enclosing_loops(call)

@@ -1203,28 +1203,17 @@ def _passed_by_callers(ctx: Analysis, param: str, at: cst.CSTNode) -> bool:
 
 
 def _ratio_partner(ctx: Analysis, logp_def_stmt: cst.CSTNode, key: str):
-    """The ``old`` of ``exp(key - old)`` (directly or through ``d = key - old; exp(d)``) in the same function."""
+    """The ``old`` of ``exp(key - old)`` (directly or through a log-ratio variable) in the same function."""
     from rlguard.lint.analysis.roles import ratio_terms
 
     func = ctx.enclosing_function(logp_def_stmt)
-    for call in ctx.nodes(cst.Call):
+    for call, cur, old in ratio_terms(ctx):
         if ctx.enclosing_function(call) is not func:
             continue
-        exponent = None
-        if isinstance(call.func, cst.Attribute) and call.func.attr.value == "exp" and not call.args:
-            exponent = call.func.value
-        elif ctx.call_name(call) == "torch.exp" and call.args:
-            exponent = call.args[0].value
-        if isinstance(exponent, cst.Name):
-            defs = [d for d in ctx.flow.reaching(exponent.value, exponent) if d.kind == "assign"]
-            exponent = defs[0].value if len(defs) == 1 else None
-        if isinstance(exponent, cst.BinaryOperation) and isinstance(exponent.operator, cst.Subtract):
-            left = exponent.left
-            while isinstance(left, cst.Subscript):
-                left = left.value
-            if isinstance(left, cst.Name) and left.value == key:
-                yield exponent.right
-    del ratio_terms
+        while isinstance(cur, cst.Subscript):
+            cur = cur.value
+        if isinstance(cur, cst.Name) and cur.value == key:
+            yield old
 
 
 def _from_sampler(ctx: Analysis, expr: cst.BaseExpression, depth: int = 8) -> cst.Call | None:

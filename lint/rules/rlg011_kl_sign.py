@@ -235,6 +235,21 @@ class KlSign(Rule):
                 "    return {'token_level_rewards': shaped}\n", line=2,
                 why="stored under the rewards key of the batch: the KL penalty is added", capability="C3",
                 style="framework"),
+        Invalid("class T:\n"
+                "    def _logps(self, model, ids):\n"
+                "        z = model(ids).logits[:, :-1]\n"
+                "        return torch.log_softmax(z, -1).gather(-1, ids[:, 1:, None]).squeeze(-1)\n\n"
+                "    def compute_loss(self, model, inputs):\n"
+                "        v1 = self._logps(model, inputs['input_ids'])\n"
+                "        v2 = inputs['ref_per_token_logps']\n"
+                "        v3 = torch.exp(v1 - inputs['old_per_token_logps'])\n"
+                "        v4 = torch.exp(v2 - v1) - (v2 - v1) - 1\n"
+                "        v4 = v4 * v3\n"
+                "        v5 = -v3 * inputs['advantages'] - self.beta * v4\n"
+                "        return v5.mean()\n", line=12,
+                why="the reference read under its batch key into a neutral local; an importance-weighted k3 "
+                    "estimate is still the KL: subtracted from the minimised loss", capability="C2",
+                style="class"),
     ]
 
     def check(self, ctx: Analysis) -> Iterator[Violation]:

@@ -7,10 +7,11 @@ from typing import Iterator
 import libcst as cst
 
 from rlguard.catalog import GRAD_NOT_ZEROED
-from rlguard.lint.analysis.index import children
+from rlguard.lint.analysis.index import children, key_of
 
 from rlguard.lint.analysis import Analysis
 from rlguard.lint.analysis import accumulation as A
+from rlguard.lint.analysis import semantics as S
 from rlguard.lint.analysis.callers import caller_loops
 from rlguard.lint.analysis.grad import call_sites
 from rlguard.lint.analysis.loops import ALL, UNKNOWN, Training, Zeroing, training
@@ -44,7 +45,11 @@ class GradNotZeroed(Rule):
     (`if (i + 1) % accum == 0: opt.step(); opt.zero_grad()`), or in the enclosing loop when the step sits
     after (or conditionally inside) the inner microbatch loop. DeepSpeed engines (`engine.step()`, or an
     optimizer returned by `deepspeed.initialize`) zero their own gradients and are not flagged; neither is
-    `scheduler.step()` nor `env.step(action)`.
+    `scheduler.step()` nor `env.step(action)`. An optimizer is known by how it is built (`optim.Adam(...)`,
+    `make_optimizer(...)`), whatever its variable is called, or else by its name. A `step(value)` with a
+    positional value that is no closure (`optim.step(loss)`) is another API's step, a wrapper that backpropagates,
+    steps and zeroes itself: torch's `Optimizer.step` takes only a closure. A loop in which no gradient is made
+    (no backward, in view or in a helper that runs one) has nothing to accumulate, and is not flagged.
 
     ## Why it is wrong
     `.backward()` adds into `.grad`. Without zeroing, each update applies the sum of every gradient since
@@ -85,9 +90,10 @@ class GradNotZeroed(Rule):
     """
 
     code = GRAD_NOT_ZEROED
-    # preview: the ecosystem check shows FALSE findings on optimizer wrappers whose step(loss) zeroes, backpropagates and steps itself, and on steps with no backward between them (docs/benchmarks.md, Ecosystem)
-    preview = True
-    triggers = r"(?i)opt\w*\s*\.\s*step\s*\(|scaler\.step\s*\("
+    # stable since the ecosystem check shows no FALSE finding of it (the two classes it had, wrappers' step(loss) and
+    # steps with no backward between them, are read from the code now) and renaming changes none of its findings
+    # any argument-free `.step()`: the optimizer is known by how it is built, whatever its variable is called
+    triggers = r"\.\s*step\s*\(\s*\)|scaler\.step\s*\("
 
     VALID = [
         Valid("for batch in loader:\n"
@@ -261,6 +267,37 @@ class GradNotZeroed(Rule):
               "            self.vf_optim.step()\n",
               "a method zeroes both optimizers built in __init__: its effect names the same objects the steps use",
               capability="C1", style="class"),
+        Valid("class A2C:\n"
+              "    def update(self, batches):\n"
+              "        for b in batches:\n"
+              "            loss = self.loss(b)\n"
+              "            self.optim.step(loss)\n",
+              "a wrapper's step(loss) backpropagates, steps and zeroes itself: torch's step takes no value",
+              capability="FP", style="class"),
+        Valid("def main(cfg, loss_fn, data):\n"
+              "    optimizer, lr_scheduler = make_optimizer(cfg.train, loss_fn)\n"
+              "    for b in data:\n"
+              "        optimizer.zero_grad()\n"
+              "        loss_fn(b).backward()\n"
+              "        optimizer.step()\n"
+              "        lr_scheduler.step()\n",
+              "the second element a factory returns beside the optimizer is no optimizer", capability="FP",
+              style="script"),
+        Valid("def check(model, x, n):\n"
+              "    for _ in range(n):\n"
+              "        model(x).sum().backward()\n"
+              "        opt = optim.SGD(model.parameters(), lr=0.01)\n"
+              "        opt.step()\n",
+              "a new optimizer each iteration steps once: no optimizer of the loop steps twice", capability="FP",
+              style="script"),
+        Valid("def test_scheduler():\n"
+              "    opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+              "    sched = make_scheduler(opt)\n"
+              "    for _ in range(10):\n"
+              "        opt.step()\n"
+              "        sched.step()\n",
+              "no backward between the steps: there are no gradients to accumulate", capability="FP",
+              style="script"),
     ]
     INVALID = [
         Invalid("for batch in loader:\n"
@@ -300,7 +337,7 @@ class GradNotZeroed(Rule):
                 "        while self.step < self.total:\n"
                 "            self.value_optimizer.zero_grad()\n"
                 "            self.loss().backward()\n"
-                "            opt.step()\n", line=7, why="alias of the policy optimizer, value one zeroed", preview=True),
+                "            opt.step()\n", line=7, why="alias of the policy optimizer, value one zeroed"),
         Invalid("def update(model, optimizer, batch):\n"
                 "    loss = model(batch).mean()\n"
                 "    loss.backward()\n"
@@ -342,7 +379,7 @@ class GradNotZeroed(Rule):
                 "        self.optimizer.step()\n"
                 "        self.optimizer.zero_grad()\n", line=13,
                 why="Megatron chunks keep gradients in buffers optimizer.zero_grad() does not clear",
-                capability="C12", style="framework", preview=True),
+                capability="C12", style="framework"),
         Invalid("class Agent:\n"
                 "    def learn(self, b):\n"
                 "        self.loss(b).backward()\n"
@@ -372,6 +409,17 @@ class GradNotZeroed(Rule):
                 "            self._one_batch(batch)\n", line=4,
                 why="called only through another helper, from a loop that never zeroes", capability="C5",
                 style="framework"),
+        Invalid("import torch.optim as optim\n\n"
+                "class PPO:\n"
+                "    def __init__(self, ac, lr):\n"
+                "        self.a1 = ac\n"
+                "        self.a2 = optim.Adam(ac.parameters(), lr=lr)\n\n"
+                "    def update(self, batches):\n"
+                "        for b in batches:\n"
+                "            self.a1(b).mean().backward()\n"
+                "            self.a2.step()\n", line=11,
+                why="an optimizer by its construction (`optim.Adam(...)`), whatever the attribute is called",
+                capability="C2", style="class"),
     ]
 
     def check(self, ctx: Analysis) -> Iterator[Violation]:
@@ -399,9 +447,11 @@ class GradNotZeroed(Rule):
             opt_names = _names(opt)
             loops = [loop for loop in ctx.enclosing_loops(call)
                      if not (isinstance(loop, cst.For) and _names(loop.target) & opt_names)]
+            if loops and _built_in(ctx, opt, loops[0]):
+                continue  # a fresh optimizer each iteration (a numerical check's `SGD(params).step()`): one step each
             if loops:
-                if _zeroed_in_loops(ctx, train, call, opt, loops):
-                    continue
+                if _zeroed_in_loops(ctx, train, call, opt, loops) or not _backpropagates(ctx, train, loops[-1]):
+                    continue  # zeroed, or no gradient is made between the steps (a scheduler test's steps)
                 yield Violation(call, f"`{_text(ctx, call)}` runs in a loop with no zero_grad for that optimizer "
                                       "between steps, so gradients accumulate across updates; call "
                                       f"`{_text(ctx, opt)}.zero_grad()` before each backward (or after the step)")
@@ -458,6 +508,37 @@ def _zeroed_in_loops(ctx: Analysis, train: Training, call, opt, loops) -> bool:
     conditional = any(isinstance(a, cst.If) for a in _between(ctx, call, inner))
     if conditional:
         return any(ctx.contains(loop, z.node) and _matches(train, z, opt) for loop in loops[1:] for z in zeroing)
+    return False
+
+
+def _built_in(ctx: Analysis, opt: cst.BaseExpression, loop: cst.CSTNode) -> bool:
+    """Whether every definition of ``opt`` reaching the step lies inside ``loop``: the object is new each time."""
+    key = key_of(opt)
+    defs = ctx.flow.reaching(key, opt) if key is not None else []
+    return bool(defs) and all(d.kind == "assign" and ctx.contains(loop, d.stmt) for d in defs)
+
+
+def _backpropagates(ctx: Analysis, train: Training, loop: cst.CSTNode, depth: int = 2) -> bool:
+    """Whether gradients are made inside ``loop``: a backward call in it; a call in it into a function that runs
+    one (of this module, followed ``depth`` calls deep, or of another file of the tree, by its summary); a call out
+    of view whose interface says it backpropagates (``parts.minibatch_backward(...)``); or gradients read
+    (``p.grad``, ``clip_grad_norm_``), which only exist where something made them."""
+    if any(ctx.contains(loop, b) for b in train.facts.backwards):
+        return True
+    if any(node.attr.value == "grad" for node in ctx.index.descendants(loop, cst.Attribute)):
+        return True
+    for call in ctx.index.descendants(loop, cst.Call):
+        called = S.called_name(call) or ""
+        if "backward" in called.lower() or called.startswith("clip_grad"):
+            return True
+        func = ctx.callee(call)
+        if func is not None:
+            if depth > 0 and _backpropagates(ctx, train, func, depth - 1):
+                return True
+            continue
+        summary = ctx.summary_of_call(call)
+        if summary is not None and summary.backward:
+            return True
     return False
 
 
