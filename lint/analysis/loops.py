@@ -88,16 +88,12 @@ class Training:
         value = self.objs.value(expr)
         if isinstance(value, Tup):
             return False
-        # an element of what a call returns (`opt, sched = make_optimizer(...)`) is not named by the call
-        names = [n for o in value if not o.key.endswith("]") for n in o.names] + (
-            [_last_name(expr)] if _last_name(expr) else [])
+        # an element of what a call returns (`opt, sched = make_optimizer(...)`) is neither named nor built by it
+        whole = [o for o in value if not o.key.endswith("]")]
+        names = [n for o in whole for n in o.names] + ([_last_name(expr)] if _last_name(expr) else [])
         for o in value:
-            if o.kind == "new" and o.names and S.OPTIMIZER_CLASS.fullmatch(o.names[0]):
-                return True
-            if o.kind == "opaque" and o.names and not o.key.endswith("]") and S.OPTIMIZER_CLASS.fullmatch(o.names[0]):
-                # what an optimizer class or factory returns (`optim.Adam(...)`), whatever it is called; not an
-                # element of a tuple it returns (`opt, sched = make_optimizer(...)`)
-                return True
+            if o in whole and o.kind in ("new", "opaque") and o.names and S.OPTIMIZER_CLASS.fullmatch(o.names[0]):
+                return True  # built by an optimizer class or factory (`optim.Adam(...)`), whatever it is called
             if o.kind == "opaque" and o.node_id and self._from_deepspeed(o):
                 return False
         if any(SCHEDULER_NAME.fullmatch(n) for n in names[-1:]):
@@ -438,6 +434,6 @@ def _steps_with_a_value(a: "Analysis", call: cst.Call) -> bool:
     first = positional[0]
     if isinstance(first, cst.Lambda):
         return False
-    if isinstance(first, cst.Name) and any(d.kind in ("def", "function") for d in a.flow.reaching(first.value, first)):
+    if isinstance(first, cst.Name) and any(d.kind == "def" for d in a.flow.reaching(first.value, first)):
         return False
     return True

@@ -372,8 +372,7 @@ class Quantities:
         values = []
         for d in defs:
             value = d.value if d.kind == "assign" and d.element is None else None
-            if isinstance(value, cst.Call) and self.a.method(value) == "get" and value.args and \
-                    isinstance(value.args[0].value, cst.SimpleString):
+            if self._get_key(value) is not None:
                 values.append(value)
             elif isinstance(value, (cst.Subscript, cst.Attribute, cst.Name)) and key_of(value) is not None:
                 values.append(value)

@@ -49,7 +49,9 @@ class GradNotZeroed(Rule):
     `make_optimizer(...)`), whatever its variable is called, or else by its name. A `step(value)` with a
     positional value that is no closure (`optim.step(loss)`) is another API's step, a wrapper that backpropagates,
     steps and zeroes itself: torch's `Optimizer.step` takes only a closure. A loop in which no gradient is made
-    (no backward, in view or in a helper that runs one) has nothing to accumulate, and is not flagged.
+    (no backward in view or in a helper that runs one, no call whose name says it backpropagates, no read of
+    `.grad` or `clip_grad_*`) has nothing to accumulate, and an optimizer built anew in each iteration steps once:
+    neither is flagged.
 
     ## Why it is wrong
     `.backward()` adds into `.grad`. Without zeroing, each update applies the sum of every gradient since
