@@ -35,7 +35,9 @@ from rlguard.contracts.guard import Guard, active_guard
 from rlguard.contracts.markers import (
     POLICY_ROLE,
     DistinctReference,
+    EvalMode,
     Finite,
+    FollowsRewards,
     Frozen,
     GroupCentered,
     GroupCentred,
@@ -43,8 +45,12 @@ from rlguard.contracts.markers import (
     MatchesOwner,
     NoGrad,
     Probe,
+    RowsInStep,
     SamplerConsistent,
+    StopTokenInMask,
+    UpdateDirection,
 )
+from rlguard.contracts.row_independent import permutation_invariant, row_independent
 from rlguard.contracts.distributed import global_token_count
 from rlguard.contracts.settings import get_mode, get_sync, mode, set_mode, set_sync, sync
 
@@ -52,7 +58,8 @@ __all__ = [
     "contract", "Batch", "check_batch", "ContractViolation", "ContractDefinitionError", "Violation",
     "Guard", "active_guard", "set_mode", "get_mode", "mode", "set_sync", "get_sync", "sync", "global_token_count",
     "Marker", "Probe", "NoGrad", "Finite", "Frozen", "GroupCentred", "GroupCentered", "MatchesOwner",
-    "SamplerConsistent", "DistinctReference", "POLICY_ROLE",
+    "SamplerConsistent", "DistinctReference", "POLICY_ROLE", "StopTokenInMask", "EvalMode", "RowsInStep", "UpdateDirection", "FollowsRewards",
+    "row_independent", "permutation_invariant",
     "TokenIds", "Owner", "ActionMask", "Logits", "LogProbs", "Advantages", "Rewards", "GroupRewards",
     "Values", "Loss", "OldLogProbs", "RefLogProbs", "Mask",
 ]

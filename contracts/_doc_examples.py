@@ -28,9 +28,12 @@ from rlguard.contracts import (
     MatchesOwner,
     NoGrad,
     Owner,
+    RowsInStep,
     SamplerConsistent,
+    StopTokenInMask,
     TokenIds,
     contract,
+    row_independent,
 )
 
 B, T, V = 4, 8, 16
@@ -212,6 +215,56 @@ def ex_frozen_trained() -> None:
     Guard(policy=policy, optimizer=opt, frozen=["emb"])
 
 
+def ex_stop_token() -> None:
+    eos = 2
+    ids = torch.tensor([[5, 6, 7, 8, eos, eos, eos, eos], [5, 6, 9, eos, eos, eos, eos, eos]])
+
+    def completion_mask(ids: TokenIds, pad_token_id: int) -> Annotated[
+            ActionMask, StopTokenInMask(ids="ids", stop_ids="pad_token_id")]:
+        return (ids[:, 1:] != pad_token_id).float()  # the bug: the pad token is the EOS token
+
+    _named("completion_mask", completion_mask)(ids, eos)
+
+
+def ex_padding_leak() -> None:
+    def token_logps(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        logits = model(input_ids)
+        logits = logits - logits.mean(0, keepdim=True)  # the bug: every row reads the batch
+        return token_logprobs(logits, input_ids)
+
+    token_logps.__qualname__ = "token_logps"
+    ids = _batch()["ids"]
+    row_independent(mask="attention_mask")(token_logps)(TinyLM(), ids, torch.ones_like(ids))
+
+
+def ex_train_mode_scoring() -> None:
+    policy = TinyLM()
+    ref = nn.Sequential(copy.deepcopy(policy), nn.Dropout(0.1)).requires_grad_(False)  # never put in eval mode
+    with Guard(policy=policy, reference=ref, optimizer=torch.optim.SGD(policy.parameters(), lr=0.1)), \
+            torch.no_grad():
+        ref(_batch()["ids"])
+
+
+IN_STEP = RowsInStep(key="ids")
+
+
+def ex_rows_out_of_step() -> None:
+    def collate(ids: TokenIds, advantages: Annotated[Advantages, IN_STEP]) -> None:
+        return None
+
+    def loss(ids: TokenIds, advantages: Annotated[Advantages, IN_STEP]) -> None:
+        return None
+
+    ids = _batch()["ids"]
+    adv = torch.tensor([1.0, -1.0, 0.5, -0.5])
+    policy = TinyLM()
+    with Guard(policy=policy, optimizer=torch.optim.SGD(policy.parameters(), lr=0.1)) as guard:
+        _named("collate", collate)(ids, adv)
+        order = torch.tensor([2, 0, 3, 1])
+        with guard.update():
+            _named("loss", loss)(ids[order], adv)  # the bug: the ids sorted, the advantages not
+
+
 def ex_definition() -> None:
     def policy_loss(logp: LogProbs, old_logp: LogProbs) -> Loss:
         return (logp - old_logp).sum()
@@ -235,6 +288,10 @@ EXAMPLES: list[tuple[str, Callable[[], None]]] = [
     ("Guard: the reference in the optimizer (RLG008)", ex_reference_in_optimizer),
     ("Guard: gradients not zeroed between steps (RLG013)", ex_grad_not_zeroed),
     ("Guard: a frozen parameter left trainable in the optimizer (RLG014)", ex_frozen_trained),
+    ("row_independent: rows that read their batch neighbours (RLG016)", ex_padding_leak),
+    ("StopTokenInMask: pad = eos and a mask of ids != pad (RLG017)", ex_stop_token),
+    ("Guard: a reference forward in train mode with dropout (RLG018)", ex_train_mode_scoring),
+    ("RowsInStep: ids sorted, advantages not (RLG019)", ex_rows_out_of_step),
     ("A marker on a parameter that does not exist (at decoration)", ex_definition),
 ]
 

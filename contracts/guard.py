@@ -10,7 +10,9 @@ The steps it checks: the reference left bit-identical (RLG008); gradients zeroed
 hook on a few parameters per param group records, at the first backward after a step, whether that step's
 gradient was zeroed or set to None since, from the gradient's identity and version counter, never its values);
 the frozen set unchanged (RLG014: frozen parameters that hold a gradient in an optimizer's param group before a
-step, version counters after every step, a float64 norm per tensor on the ``check_every`` cadence).
+step, version counters after every step, a float64 norm per tensor on the ``check_every`` cadence). And the
+scoring forwards (RLG018): a forward pre-hook on the reference, and on the policy when autograd is off, finds
+every dropout module inactive (flags only, no tensor read).
 
 All state of the stateful checks (Frozen's row hashes, once-per-update flags, version counters) lives here as
 Python numbers, cleared at each update boundary where it belongs to one update; fingerprints are a few float64
@@ -27,12 +29,15 @@ from typing import Any, Iterator
 import torch
 from torch import nn
 
-from rlguard.catalog import GRAD_NOT_ZEROED, REFERENCE_ALIAS, TRAINED_PARAMS_DRIFT
+import logging
+
+from rlguard.catalog import GRAD_NOT_ZEROED, REFERENCE_ALIAS, TRAIN_MODE_SCORING, TRAINED_PARAMS_DRIFT
 from rlguard.contracts.errors import Violation
 from rlguard.contracts.markers import Probe, settle
 from rlguard.contracts.settings import STATE, flush_compiled_notes, report
 from rlguard.contracts.spec import format_message
 
+_log = logging.getLogger("rlguard.contracts")
 _CURRENT: weakref.ReferenceType | None = None
 FROZEN_ROWS_CAP = 1 << 16  # rows fingerprinted per (function, argument) and update: bounds the state's memory
 
@@ -206,8 +211,9 @@ class Watch:
 
 
 class Guard:
-    """Update boundaries and optimizer steps: the stateful contracts (RLG002, RLG007, RLG008) and the checks of
-    the steps themselves (RLG013, RLG014).
+    """Update boundaries and optimizer steps: the stateful contracts (RLG002, RLG005's ``UpdateDirection``,
+    RLG007, RLG008, RLG019's ``RowsInStep``) and the checks of the steps themselves (RLG013, RLG014) and of the
+    scoring forwards (RLG018).
 
     ``Guard(policy=model, reference=ref, optimizer=opt)`` (``optimizer``: one optimizer or a list of them)
     checks now that ``ref`` is a distinct, frozen reference (RLG008) and that no frozen parameter is trainable
@@ -248,6 +254,8 @@ class Guard:
         self.steps_in_update = 0  # optimizer steps since the current update began
         self.in_update = False
         self._rows: dict[tuple, dict] = {}  # Frozen's row hashes, per (function, argument, row length)
+        self._identity: dict[tuple, dict] = {}  # RowsInStep's key -> value hashes, per (field, row widths)
+        self._direction: dict[tuple, tuple] = {}  # UpdateDirection's rows, per (function, argument), this update
         self._done: set[tuple[str, str, str]] = set()
         self._ref_watch = Watch(named_tensors(reference)) if isinstance(reference, nn.Module) else None
         self._pre_versions: list[int] | None = None
@@ -258,6 +266,8 @@ class Guard:
         # every rank builds its guard: a synchronised point (a raise here leaves no hook behind)
         report(self._reference_violations() + self._frozen.construction(optimizers), collective=True)
         self._grads = _GradWatch(self, optimizers)
+        self._scoring = _ScoringWatch(self, policy, reference)
+        self._hooks += self._scoring.hooks
         for opt in optimizers:
             self._hooks += [opt.register_step_pre_hook(self._pre_step),
                             opt.register_step_post_hook(self._post_step)]
@@ -297,6 +307,7 @@ class Guard:
         self.steps_in_update = 0
         self._rows.clear()
         self._done.clear()
+        self._direction.clear()
         full = (self.updates - 1) % self.check_every == 0  # the update counter: the same on every rank
         ref = self.reference
         if full and isinstance(ref, nn.Module):  # parameters may have been replaced (a reload) since
@@ -310,9 +321,17 @@ class Guard:
         ``torch.distributed``: a collective, so call it on every rank; nothing happens in one process)."""
         self.in_update = False
         self._rows.clear()
+        self._identity.clear()  # the batch this update consumed: the next rollout's rows start afresh
         self._done.clear()
-        if flush:
-            report([], collective=True)
+        found = []
+        if STATE.mode != "off":
+            for marker, store in self._direction.values():
+                v = marker.verdict(store, self.steps_in_update)
+                if v is not None:
+                    found.append(v)
+        self._direction.clear()
+        if flush:  # not while an exception leaves the update: it is the news
+            report(found, collective=True)
 
     @contextlib.contextmanager
     def update(self) -> Iterator[Guard]:
@@ -351,6 +370,22 @@ class Guard:
     def frozen_rows(self, function: str, argument: str, length: Any = None) -> dict:
         """Frozen's store of row key -> value for one (function, argument, row length) in this update."""
         return self._rows.setdefault((function, argument, length), {})
+
+    def direction_rows(self, function: str, argument: str, marker: Any) -> dict:
+        """UpdateDirection's store for one (function, argument) in this update: ``rows`` (key -> sum and
+        advantage before the first step) and ``pairs`` (key -> change since then and advantage)."""
+        key = (function, argument)
+        if key not in self._direction:
+            self._direction[key] = (marker, {"rows": {}, "pairs": {}})
+        return self._direction[key][1]
+
+    def row_identity(self, field: str, widths: Any = None) -> dict:
+        """RowsInStep's store of key row -> field row for one field, from the batch's making to the end of the
+        update that uses it (cleared by ``end_update``); bounded like Frozen's."""
+        store = self._identity.setdefault((field, widths), {})
+        if len(store) > FROZEN_ROWS_CAP:
+            store.clear()
+        return store
 
     # -- RLG008 --------------------------------------------------------------------------------------------
     def _reference_violations(self, full: bool = True) -> list[Violation]:
@@ -422,6 +457,54 @@ class Guard:
         violations += frozen_finish()
         self._pre_versions = self._pre_fp = None
         report(violations, collective=due)
+
+
+class _ScoringWatch:
+    """RLG018 at the point of use: a forward pre-hook on the reference (every forward is a scoring one) and on
+    the policy (forwards with autograd off: sampling, old log-probs) reports a scoring forward that runs with a
+    dropout module active. The dropout-capable modules are listed once; each forward reads their flags. Once
+    per update and model. An error inside the check itself is logged once and switches it off."""
+
+    def __init__(self, guard: Guard, policy: Any, reference: Any) -> None:
+        from rlguard.contracts.invariance import dropout_modules
+
+        self.guard = weakref.ref(guard)
+        self.hooks: list[Any] = []
+        self.on = True
+        for role, m in (("reference", reference), ("policy", policy)):
+            if isinstance(m, nn.Module):
+                modules = dropout_modules(m)
+                if modules:  # a model with no dropout anywhere cannot score in train mode: no hook at all
+                    self.hooks.append(m.register_forward_pre_hook(self._hook(role, modules)))
+
+    def _hook(self, role: str, modules: list) -> Any:
+        from rlguard.contracts import invariance
+
+        def hook(module: nn.Module, args: Any) -> None:
+            if not self.on or STATE.mode == "off" or (role == "policy" and torch.is_grad_enabled()):
+                return None
+            guard = self.guard()
+            try:
+                found = invariance.active_dropout(module, modules)
+                if not found or guard is None or not guard.once(("Guard", role, "eval")):
+                    return None
+                which = "a forward of the reference" if role == "reference" else \
+                    "a scoring forward of the policy (autograd off: sampling, old log-probs)"
+                problem = f"{which} runs with dropout on: {invariance.describe_dropout(found)} in train mode"
+                violation = Violation(TRAIN_MODE_SCORING, "Guard", role, format_message(
+                    TRAIN_MODE_SCORING, "Guard", role, problem, got=type(module).__name__,
+                    hint="put it in eval mode for sampling and for old-policy/reference/value forwards "
+                         "(model.eval(), then model.train() for the training forward), or disable its dropout; "
+                         "see RLG018"))
+            except Exception as exc:  # noqa: BLE001 - rlguard's own failure must not stop the run it watches
+                self.on = False
+                _log.warning("rlguard: the Guard's scoring-mode check (RLG018) failed on the %s (%s: %s) and is "
+                             "switched off", role, type(exc).__name__, exc)
+                return None
+            report([violation])
+            return None
+
+        return hook
 
 
 def _optimizer_label(optimizers: list, optimizer: Any) -> str:

@@ -22,14 +22,16 @@ from __future__ import annotations
 import copy
 import logging
 import math
+import re
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
 
 from rlguard.catalog import (
-    DETACHED_TARGETS, GROUP_BASELINE, MASK_NOT_SHIFTED, OLD_LOGP_RECOMPUTED, REFERENCE_ALIAS,
-    SAMPLER_TRAINER_MISMATCH, TENSOR_CONTRACT,
+    ADVANTAGE_SIGN, DETACHED_TARGETS, GROUP_BASELINE, MASK_NOT_SHIFTED, OLD_LOGP_RECOMPUTED, REFERENCE_ALIAS, ROWS_OUT_OF_STEP,
+    SAMPLER_TRAINER_MISMATCH, STOP_TOKEN_UNTRAINED, TENSOR_CONTRACT, TRAIN_MODE_SCORING,
 )
 from rlguard.contracts.batch import MISSING, get_field
 from rlguard.contracts.errors import ContractDefinitionError, Violation
@@ -955,6 +957,350 @@ class DistinctReference(Marker):
         return Violation(self.code, self._function, argument,
                          format_message(self.code, self._function, argument, problems[0],
                                         got=type(ref).__name__, hint=REFERENCE_HINT))
+
+
+class StopTokenInMask(Marker):
+    """RLG017: each completion's first stop token is inside the loss mask, whatever the pad token is.
+
+    On a loss/action mask (an argument or the return value). ``ids``: the token ids the mask covers (a parameter,
+    a sibling batch key or a dotted path): ``[B, T]`` with the mask ``[B, T-1]`` aligned to ``ids[:, 1:]``, or the
+    same shape as the mask (a completion-only layout). ``stop_ids``: an int, a sequence of ints, or the name of a
+    value holding them (``"tokenizer.eos_token_id"``, ``"self.stop_token_ids"``). A row's completion starts at its
+    first masked position; the first stop token at or after it must be masked. Rows with nothing masked or no
+    stop token (a truncated completion) have nothing to check. A stop token left out while the position right
+    after it is in the mask is not a cut completion but a mask moved by one token (RLG001, ``MatchesOwner``): it
+    is left to the alignment checks.
+    """
+
+    code = STOP_TOKEN_UNTRAINED
+    value_check = True
+
+    def __init__(self, ids: str = "ids", stop_ids: int | tuple[int, ...] | list[int] | str = "stop_ids") -> None:
+        self.ids = ids
+        self.stop_ids = stop_ids
+
+    def _bind(self, site: Site) -> None:
+        self._ref(site, self.ids, "ids")
+        if isinstance(self.stop_ids, str):
+            self._ref(site, self.stop_ids, "stop_ids")
+        elif isinstance(self.stop_ids, bool) or not (isinstance(self.stop_ids, int) or (
+                isinstance(self.stop_ids, (tuple, list)) and self.stop_ids
+                and all(isinstance(i, int) and not isinstance(i, bool) for i in self.stop_ids))):
+            raise ContractDefinitionError(
+                f"{site.function}(): StopTokenInMask(stop_ids={self.stop_ids!r}) on {site.argument!r}: stop_ids is "
+                "a token id, a non-empty sequence of token ids, or the name of a value holding them")
+
+    def _stops(self, call: Call) -> tuple[int, ...] | None:
+        v = self._get(call, "stop_ids") if isinstance(self.stop_ids, str) else self.stop_ids
+        if isinstance(v, torch.Tensor):
+            v = v.reshape(-1).tolist()
+        if isinstance(v, int) and not isinstance(v, bool):
+            return (v,)
+        if isinstance(v, (tuple, list, set, frozenset)) and v and all(isinstance(i, int) for i in v):
+            return tuple(v)
+        return None
+
+    def probe(self, x: Any, call: Call) -> Probe | Violation | None:
+        ids = self._get(call, "ids")
+        stops = self._stops(call)
+        if not isinstance(x, torch.Tensor) or not isinstance(ids, torch.Tensor) or stops is None or x.dim() != 2:
+            return None
+        if ids.dim() != 2 or ids.shape[0] != x.shape[0] or ids.shape[1] - x.shape[1] not in (0, 1):
+            return None
+        wrong_device = self._devices(call, x, ids=ids)
+        if wrong_device is not None:
+            return wrong_device
+        if _no_values(x, ids):
+            return None
+        tokens = ids[:, ids.shape[1] - x.shape[1]:]
+        masked = x.detach() != 0
+        untrained = self._untrained(masked, tokens, stops)
+        return Probe(untrained.any(), lambda h: self._explain(x, tokens, masked, stops, call) if h[0] else None)
+
+    @staticmethod
+    def _untrained(masked: torch.Tensor, tokens: torch.Tensor, stops: tuple[int, ...]) -> torch.Tensor:
+        """[B] rows whose first stop token after the completion's start is out of the mask."""
+        cols = torch.arange(masked.shape[1], device=masked.device)
+        start = torch.where(masked.any(-1), masked.int().argmax(-1), masked.shape[1])
+        is_stop = torch.isin(tokens, torch.tensor(stops, device=tokens.device)) & (cols[None] >= start[:, None])
+        first = is_stop.int().argmax(-1)
+        after = masked.gather(1, (first + 1).clamp(max=masked.shape[1] - 1)[:, None]).squeeze(1)
+        after &= first + 1 < masked.shape[1]
+        return is_stop.any(-1) & ~masked.gather(1, first[:, None]).squeeze(1) & ~after
+
+    def _explain(self, x: torch.Tensor, tokens: torch.Tensor, masked: torch.Tensor, stops: tuple[int, ...],
+                 call: Call) -> Violation:
+        bad = self._untrained(masked, tokens, stops)
+        r = int(torch.nonzero(bad)[0])
+        cols = torch.arange(masked.shape[1], device=masked.device)
+        start = int(masked[r].int().argmax())
+        c = int(torch.nonzero(torch.isin(tokens[r], torch.tensor(stops, device=tokens.device)) & (cols >= start))[0][0])
+        return self._fail(
+            f"{int(bad.sum())} of {int(masked.any(-1).sum())} completions have their first stop token out of the "
+            f"mask (first: row {r}, column {c}, token {int(tokens[r, c])}; stop ids {list(stops)})", x, call,
+            "a mask built as ids != pad_token_id while the pad token is the EOS token drops the real EOS too; build "
+            "it from the completion's length (positions up to and including the first stop token), or cut it at "
+            "any of the stop ids generation uses; see RLG017")
+
+
+class EvalMode(Marker):
+    """RLG018: a scoring model (old policy, reference, value model) has every dropout module inactive.
+
+    On a model argument of a scoring function (``ref: Annotated[nn.Module, EvalMode()]``), checked on every
+    call: the module's dropout-capable submodules are listed once per model, then read by flag (``training``
+    and the rate). ``only_no_grad=True``: check only calls made with autograd off (a function that also trains).
+    """
+
+    code = TRAIN_MODE_SCORING
+    applies_to = "object"
+
+    def __init__(self, only_no_grad: bool = False) -> None:
+        self.only_no_grad = only_no_grad
+
+    def _bind(self, site: Site) -> None:
+        self._lists: Any = None
+
+    def check(self, x: Any, call: Call) -> Violation | None:
+        from rlguard.contracts.invariance import active_dropout, describe_dropout, dropout_modules
+
+        if not isinstance(x, torch.nn.Module) or (self.only_no_grad and torch.is_grad_enabled()):
+            return None
+        if self._lists is None:
+            self._lists = weakref.WeakKeyDictionary()
+        modules = self._lists.get(x)
+        if modules is None:
+            modules = self._lists[x] = dropout_modules(x)
+        found = active_dropout(x, modules)
+        if not found:
+            return None
+        return Violation(self.code, self._function, self._argument, format_message(
+            self.code, self._function, self._argument,
+            f"scores with dropout on: {describe_dropout(found)} in train mode", got=type(x).__name__,
+            hint="put the scoring model in eval mode (model.eval(), or a context that does) before old-policy, "
+                 "reference or value forwards, or disable its dropout; see RLG018"))
+
+
+class FollowsRewards(GroupCentred):
+    """RLG005 at the advantages: within each group, a higher reward never gets a lower advantage.
+
+    On group advantages [B] (``Annotated[Advantages, FollowsRewards(rewards="rewards")]``), checked against the
+    rewards they come from: viewed as [P, G], for every pair of rows of a group, ``r_i > r_j`` implies
+    ``a_i >= a_j`` (within ``rtol`` of the group's largest advantage: default sqrt(eps) of the dtype). Advantages
+    negated (from some step on), or normalised by a negative scale, reverse the order. ``group_size`` as for
+    :class:`GroupCentred`. For group-relative advantages only (GRPO, RLOO, Dr. GRPO): a value baseline (GAE)
+    may rank episodes otherwise.
+    """
+
+    code = ADVANTAGE_SIGN
+
+    def __init__(self, rewards: str = "rewards", group_size: int | str | None = None,
+                 rtol: float | None = None) -> None:
+        super().__init__(group_size=group_size, rtol=rtol)
+        self.rewards = rewards
+
+    def _bind(self, site: Site) -> None:
+        super()._bind(site)
+        self._ref(site, self.rewards, "rewards")
+
+    def probe(self, x: Any, call: Call) -> Probe | Violation | None:
+        r, g = self._get(call, "rewards"), self._group_size(call)
+        if not isinstance(x, torch.Tensor) or not isinstance(r, torch.Tensor) or not isinstance(g, int) or g < 2:
+            return None
+        if x.dim() != 1 or r.shape != x.shape or x.numel() % g or _no_values(x, r):
+            return None
+        wrong_device = self._devices(call, x, rewards=r)
+        if wrong_device is not None:
+            return wrong_device
+        a, rr = x.detach().double().view(-1, g), r.detach().double().view(-1, g)
+        rtol = self.rtol if self.rtol is not None else default_centred_rtol(x.dtype)
+        slack = a.abs().amax(-1, keepdim=True)[..., None] * rtol
+        reversed_ = (rr[:, :, None] > rr[:, None, :]) & (a[:, :, None] < a[:, None, :] - slack)
+        return Probe(reversed_.any(), lambda h: self._explain(a, rr, reversed_, call) if h[0] else None)
+
+    def _explain(self, a: torch.Tensor, r: torch.Tensor, reversed_: torch.Tensor, call: Call) -> Violation:
+        p, i, j = torch.nonzero(reversed_)[0].tolist()
+        groups = int(reversed_.flatten(1).any(-1).sum())
+        return self._fail(
+            f"in {groups} of {a.shape[0]} groups a higher reward has a lower advantage (first: group {p}, rows {i} "
+            f"and {j} of it: rewards {float(r[p, i]):.4g} > {float(r[p, j]):.4g}, advantages {float(a[p, i]):.4g} < "
+            f"{float(a[p, j]):.4g})", a.view(-1), call,
+            "advantages negated, or normalised by a negative scale: the update will make worse episodes likelier; "
+            "see RLG005")
+
+
+class UpdateDirection(Marker):
+    """RLG005 during training: the update moves each episode's log-probability the way its advantage says.
+
+    On the current policy's per-token log-probs in the loss function (``logp: Annotated[LogProbs,
+    UpdateDirection(advantages="advantages", mask="mask", key="ids")]``). In each update, a row first seen before
+    the update's first optimizer step records its masked log-prob sum; when it is seen again after a step (the
+    next epoch, a later minibatch), the change is paired with its advantage. At the end of the update the changes
+    must correlate positively with the advantages (at least ``min_rows`` pairs, advantages not all equal): a sign
+    that flips mid-run (advantages negated from some step on, a surrogate that lost its minus) is reported at the
+    end of the first update it spoils. ``advantages``: [B] or [B, T-1] (per-token: their masked mean per row).
+    Needs a Guard and rows seen again after a step in one update (epochs > 1, or several minibatches over the same
+    rows); otherwise it logs once that it cannot see anything. Checked on the value-check calls (``check_every``).
+    """
+
+    code = ADVANTAGE_SIGN
+    value_check = True
+    needs_guard = True
+
+    def __init__(self, advantages: str = "advantages", mask: str | None = None, key: str = "ids",
+                 min_rows: int = 8) -> None:
+        if isinstance(min_rows, bool) or not isinstance(min_rows, int) or min_rows < 3:
+            raise ContractDefinitionError(f"UpdateDirection(min_rows={min_rows!r}): an int >= 3")
+        self.advantages = advantages
+        self.mask = mask
+        self.key = key
+        self.min_rows = min_rows
+
+    def _bind(self, site: Site) -> None:
+        self._ref(site, self.advantages, "advantages")
+        self._ref(site, self.mask, "mask")
+        self._ref(site, self.key, "key")
+
+    def probe(self, x: Any, call: Call) -> Probe | Violation | None:
+        g = call.guard
+        if g is None or not g.in_update or not call.value_due or not isinstance(x, torch.Tensor) or x.dim() != 2:
+            return None
+        a, k, m = self._get(call, "advantages"), self._get(call, "key"), self._get(call, "mask")
+        if not isinstance(a, torch.Tensor) or not isinstance(k, torch.Tensor) or k.shape[0] != x.shape[0]:
+            return None
+        if a.shape[0] != x.shape[0] or _no_values(x, a, k) or _word_count(k) > _MAX_WORDS:
+            return None
+        wrong_device = self._devices(call, x, advantages=a, key=k, mask=m)
+        if wrong_device is not None:
+            return wrong_device
+        valid = _valid(m, x)
+        w = valid.to(torch.float64) if valid is not None else torch.ones_like(x, dtype=torch.float64)
+        sums = (x.detach().double() * w).sum(-1)
+        ad = a.detach().double()
+        adv = ad.reshape(len(ad), -1)
+        if adv.shape[1] == x.shape[1]:  # per-token advantages: their mean over the row's valid tokens
+            adv = (adv * w).sum(-1) / w.sum(-1).clamp(min=1)
+        else:
+            adv = adv[:, 0]
+        keys = row_hashes([(k.detach(), KEY_COLUMNS, None)])
+        n = x.shape[0]
+        steps = g.steps_in_update
+        store = g.direction_rows(call.function, self._argument, self)
+
+        def finish(h: list[float]) -> None:
+            keyed = [tuple(h[i * KEY_COLUMNS:(i + 1) * KEY_COLUMNS]) for i in range(n)]
+            s, av = h[n * KEY_COLUMNS:n * KEY_COLUMNS + n], h[n * KEY_COLUMNS + n:]
+            for i, kk in enumerate(keyed):
+                seen = store["rows"].get(kk)
+                if seen is None:
+                    if steps == 0 and len(store["rows"]) < _frozen_cap():
+                        store["rows"][kk] = (s[i], av[i])
+                elif steps > 0:
+                    store["pairs"][kk] = (s[i] - seen[0], seen[1])  # the latest change since before the first step
+            return None
+
+        return Probe(torch.cat([keys.reshape(-1), sums, adv]), finish)
+
+    def verdict(self, store: dict, steps: int) -> Violation | None:
+        """At the end of an update: the changes against the advantages (None when they agree or cannot tell)."""
+        pairs = list(store["pairs"].values())
+        if len(pairs) < self.min_rows:
+            if store["rows"] and steps:
+                _note_once(self._function, self._argument + "#direction",
+                           f"UpdateDirection on {self._function}({self._argument}): no row came back after an "
+                           "optimizer step in this update (one epoch over each row?), so the update's direction "
+                           "cannot be measured")
+            return None
+        moved = torch.tensor([p[0] for p in pairs], dtype=torch.float64)
+        adv = torch.tensor([p[1] for p in pairs], dtype=torch.float64)
+        if adv.std() == 0 or moved.std() == 0:
+            return None
+        corr = float(torch.corrcoef(torch.stack([moved, adv]))[0, 1])
+        if corr >= 0:
+            return None
+        against = int(((moved > 0) != (adv > 0)).logical_and(adv != 0).sum())
+        problem = (f"after {steps} optimizer step(s) of this update, the log-probs of {len(pairs)} rows seen before "
+                   f"and after moved against their advantages (correlation {corr:.2f}; {against} rows the wrong "
+                   "way): the update makes low-advantage episodes likelier")
+        return Violation(self.code, self._function, self._argument, format_message(
+            self.code, self._function, self._argument, problem, expected=repr(self),
+            hint="advantages negated (from this update on?), a surrogate without its minus, or min/max of the "
+                 "PPO clip swapped; see RLG005"))
+
+
+def field_name(argument: str) -> str:
+    """The name a batch field goes by across functions: ``inputs['old_logp']`` and ``return['old_logp']`` ->
+    ``old_logp``; a parameter's own name otherwise."""
+    m = re.search(r"\[['\"]([^'\"]+)['\"]\]$", argument)
+    return m.group(1) if m else argument
+
+
+class RowsInStep(Marker):
+    """RLG019: a field of a batch keeps its rows in step with the rows of ``key`` from where the batch is made to
+    where it is used.
+
+    Put it on the fields that describe the episodes and must not change in between (stored old, reference and
+    sampler log-probs, rewards, masks), at the producer (the rollout's or collate's return value) and at the
+    consumers (the loss): every call hashes each row of ``key`` (``"ids"``) and of the field (``row_hashes``:
+    exact, 2^-80 per pair of different rows) and the active :class:`Guard` keeps key -> value per field ``name``
+    (default: the field's own name, ``batch['old_logp']`` -> ``old_logp``) until the end of the next update. A
+    row whose key comes back with another value means the field was re-indexed (filtered, sorted, permuted)
+    without the key, or the key without the field. Needs an active Guard; checked every ``check_every``-th call.
+    """
+
+    code = ROWS_OUT_OF_STEP
+    value_check = True
+    needs_guard = True
+
+    def __init__(self, key: str = "ids", name: str | None = None) -> None:
+        self.key = key
+        self.name = name
+
+    def _bind(self, site: Site) -> None:
+        self._ref(site, self.key, "key")
+        self._field = self.name or field_name(site.argument)
+
+    def probe(self, x: Any, call: Call) -> Probe | Violation | None:
+        g = call.guard
+        k = self._get(call, "key")
+        if g is None or not call.value_due or not isinstance(x, torch.Tensor) or not isinstance(k, torch.Tensor):
+            return None
+        if x.dim() < 1 or k.dim() < 1 or x.shape[0] != k.shape[0] or _no_values(x, k):
+            return None
+        if _word_count(x) + _word_count(k) > _MAX_WORDS:
+            return None
+        wrong_device = self._devices(call, x, key=k)
+        if wrong_device is not None:
+            return wrong_device
+        layout = ((k.detach(), KEY_COLUMNS, None), (x.detach(), VALUE_COLUMNS, None))
+        n = x.shape[0]
+        widths = (_word_count(k), _word_count(x))
+
+        def finish(h: list[float]) -> Violation | None:
+            w = KEY_COLUMNS + VALUE_COLUMNS
+            keys = [tuple(h[i * w:i * w + KEY_COLUMNS]) for i in range(n)]
+            values = [tuple(h[i * w + KEY_COLUMNS:(i + 1) * w]) for i in range(n)]
+            store = g.row_identity(self._field, widths)
+            moved = []
+            for i, (kk, v) in enumerate(zip(keys, values)):
+                seen = store.get(kk)
+                if seen is None:
+                    store[kk] = v
+                elif v != seen and not (type(seen) is list and v in seen):
+                    if keys.count(kk) > 1:  # the same episode twice in one call: two rows, both kept
+                        store[kk] = (seen if type(seen) is list else [seen]) + [v]
+                    else:
+                        moved.append(i)
+            if not moved:
+                return None
+            return self._fail(
+                f"{len(moved)} of {n} rows carry other values of {self._field!r} than they had earlier for the "
+                f"same {self._name('key')} row (first: row {moved[0]}): the field and {self._name('key')} are no "
+                "longer in step", x, call,
+                "a filter, sort or permutation applied to some fields of the batch and not to the others (values "
+                "masked in a dynamic-batching order, then un-permuted; rewards re-indexed but not the log-probs)? "
+                "Index every field of the episode with the same rows; see RLG019")
+
+        return Probe(row_hashes(list(layout)).reshape(-1), finish)
 
 
 def as_marker(obj: Any) -> Marker | None:

@@ -149,9 +149,10 @@ class TinyGRPOTrainer:
 class TRLStyleAdapter:
     """rlguard preflight adapter over ``TinyGRPOTrainer`` (see ``rlguard.preflight.adapter``)."""
 
-    def __init__(self, args: GRPOArgs = GRPOArgs(), spec: TaskSpec = TaskSpec()):
+    def __init__(self, args: GRPOArgs = GRPOArgs(), spec: TaskSpec = TaskSpec(stop_token=True)):
         torch.set_num_threads(1)
         self.args, self.spec = args, spec
+        self.stop_token_ids = spec.stop_ids  # the EOS each completion ends with (stop_token_trained)
         self.group_size = args.num_generations
         self.tasks, _ = make_tasks(spec, n_train=64, n_heldout=0)
         self.model_config = ModelConfig(vocab_size=spec.vocab_size, d_model=32, n_layers=2)

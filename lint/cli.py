@@ -27,7 +27,7 @@ def _lint_parser() -> argparse.ArgumentParser:
 
     p = argparse.ArgumentParser(
         prog="rlguard lint",
-        description="Lint Python files for the silent bugs of RL trainers (codes RLG001-RLG013; rlguard's own: "
+        description="Lint Python files for the silent bugs of RL trainers (codes RLG001-RLG013 and RLG016-RLG019; rlguard's own: "
                     "RLG900 syntax error, RLG901 unused noqa (opt-in), RLG902 internal error; "
                     "`rlguard rule CODE` explains one).",
         epilog="Exit status: 0 no findings, 1 findings, 2 usage/config/internal error. "

@@ -117,7 +117,7 @@ def resolve_selectors(selectors: Iterable[str], where: str) -> set[str]:
             continue
         matched = {code for code in CODES if code.startswith(sel)} if sel.startswith("RLG") else set()
         if not matched:
-            raise ConfigError(f"{where}: unknown code or prefix {raw!r} (codes are RLG000-RLG015 and RLG900; "
+            raise ConfigError(f"{where}: unknown code or prefix {raw!r} (codes are RLG000-RLG019 and RLG900-RLG902; "
                               f"prefixes like 'RLG00' and 'ALL' work too; `rlguard rule --list` shows them)")
         out |= matched
     return out
@@ -228,7 +228,7 @@ def _check_runs_a_rule(layers: Sequence[Layer], selected: set[str]) -> None:
         return
     chooser = next((layer for layer in reversed(layers) if layer.select is not None), None)
     if chooser is not None and not [s for s in chooser.select if s.strip()]:
-        raise ConfigError(f"{chooser.where} select is empty, so no rule would run: name codes (RLG001-RLG013), "
+        raise ConfigError(f"{chooser.where} select is empty, so no rule would run: name codes (RLG001-RLG013, RLG016-RLG019), "
                           f"a prefix such as RLG00, or ALL")
     chosen = resolve_selectors(chooser.select, f"{chooser.where} select") if chooser else set(CODES) - OPT_IN
     reasons = []
@@ -251,7 +251,7 @@ def _check_runs_a_rule(layers: Sequence[Layer], selected: set[str]) -> None:
                        f"{' and '.join(dict.fromkeys(f'{w} ignore' for w in ignorers)) or 'ignore'}")
     where = f"{chooser.where} select {', '.join(chooser.select)}" if chooser else "the selection"
     raise ConfigError(f"{where} runs no lint rule: {'; '.join(reasons) or 'nothing selected'}. Lint checks "
-                      f"RLG001-RLG013 (`rlguard rule --list`)")
+                      f"RLG001-RLG013 and RLG016-RLG019 (`rlguard rule --list`)")
 
 
 def _lint_rule_codes() -> set[str]:

@@ -43,6 +43,24 @@ Optional (the check is skipped without it)
                                             code runs on it).
 ``pad_batch(batch, extra) -> batch``        the same batch with ``extra`` columns of right padding (default:
                                             pads every tensor of a dict batch whose dim 1 is T or T-1).
+``pad_prompts(batch, extra) -> batch``      the batch with ``extra`` more columns of padding where the trainer
+                                            pads its prompts (left-padded prompts: on the left, the per-token
+                                            tensors then ``extra`` columns longer at the front); padding_leak
+                                            uses it as well as ``pad_batch``.
+``select_rows(batch, rows) -> batch``       the batch restricted to, and ordered by, ``rows`` (a 1-D long tensor)
+                                            (default: indexes every tensor, list and tuple of a dict batch whose
+                                            first dim is B); padding_leak and rows_in_step need it.
+``ref_log_probs(ref_model, batch) -> [B, T-1]`` / ``returns(batch) -> [B]``
+                                            the reference's log-probs and the returns as the trainer computes
+                                            them: targets_detached checks they carry no autograd graph.
+``scoring_passes(model, batch) -> dict``    the trainer's own old-policy/reference scoring of ``batch``, run
+                                            as training runs it (its modes), name -> tensor: scoring_eval_mode
+                                            runs it twice and compares (besides old_log_probs / log_probs).
+``whole_batch_backward``                    True when ``backward`` takes only every row, in the trainer's own
+                                            order: rows_in_step then skips its backward over pairs of rows.
+``stop_token_ids``                          the ids that end a completion (an attribute or a method; an int or
+                                            a sequence): stop_token_trained checks the first one of each
+                                            completion is in the loss mask (skipped without it).
 ``save(model, path)`` / ``load(path) -> model``  (default: ``state_dict`` into ``build_model()``).
 ``run_signature(seed, steps) -> list``      a short training run's per-step signature (rewards, lengths, ...).
 ``greedy_rollout(model, seed) -> list``     the sampling path with the noise off (greedy) on fixed tasks ...
@@ -70,8 +88,8 @@ REQUIRED = (
     "old_log_probs", "logits", "log_probs", "action_mask", "advantages", "loss", "backward", "make_reference",
     "make_optimizer", "update",
 )
-OPTIONAL = ("trainable_names", "pad_batch", "save", "load", "run_signature", "greedy_rollout", "evaluate_greedy",
-            "copy_model", "not_applicable")
+OPTIONAL = ("trainable_names", "pad_batch", "select_rows", "stop_token_ids", "ref_log_probs", "returns", "scoring_passes", "whole_batch_backward", "pad_prompts", "save", "load", "run_signature",
+            "greedy_rollout", "evaluate_greedy", "copy_model", "not_applicable")
 
 
 @runtime_checkable
@@ -96,6 +114,12 @@ class TrainerAdapter(Protocol):
     def make_reference(self, model) -> Any: ...
     def make_optimizer(self, model) -> Any: ...
     def update(self, model, optimizer, ref_model, batch) -> dict: ...
+
+
+class TrainerFault(Exception):
+    """Raised by an adapter when the trainer does something wrong that stops a check from running on (an
+    optimizer over the reference's parameters): the check is reported as failed, with this message as its hint,
+    under the check's code. Any other exception inside a check is an rlguard error, not a finding."""
 
 
 class AdapterError(Exception):

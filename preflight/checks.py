@@ -17,8 +17,11 @@ import torch
 import torch.nn.functional as F
 from rlguard.catalog import (
     ACCUMULATION_SCALE, ADVANTAGE_SIGN, ENTROPY_BONUS_SIGN, GRAD_NOT_ZEROED, GROUP_BASELINE, KL_SIGN,
-    LOGITS_LABEL_SHIFT, MASK_NOT_SHIFTED, OLD_LOGP_RECOMPUTED, REFERENCE_ALIAS, RELOAD_MISMATCH,
-    SAMPLER_TRAINER_MISMATCH, TRAINED_PARAMS_DRIFT,
+    DETACHED_TARGETS, LOGITS_LABEL_SHIFT, MASK_NOT_SHIFTED, OLD_LOGP_RECOMPUTED, PADDING_LEAK, REFERENCE_ALIAS, RELOAD_MISMATCH,
+    ROWS_OUT_OF_STEP, SAMPLER_TRAINER_MISMATCH, STOP_TOKEN_UNTRAINED, TRAIN_MODE_SCORING, TRAINED_PARAMS_DRIFT,
+)
+from rlguard.contracts.invariance import (
+    active_dropout, compute_dtypes, describe_dropout, gaps, group_permutation, row_tolerance, take_rows,
 )
 
 # Step size (in parameter space, gradient normalised) of the single-term direction checks.
@@ -35,9 +38,15 @@ class CheckResult:
     hint: str
     skipped: bool = False
     per_rank: list | None = None  # under torch.distributed: each rank's value (``value`` is the worst of them)
+    seed: int | None = None  # the seed of the batch the check ran on, when not the suite's first batch
+    error: bool = False  # the check itself raised: an rlguard error (no code, no finding), the cause in ``hint``
 
     def to_dict(self) -> dict:
         d = asdict(self)
+        if not self.error:
+            del d["error"]
+        if self.seed is None:
+            del d["seed"]
         d["value"] = None if isinstance(self.value, float) and math.isnan(self.value) else self.value
         if self.per_rank is None:
             del d["per_rank"]
@@ -46,16 +55,23 @@ class CheckResult:
         return d
 
 
+# A check whose precondition the first batch does not meet (no completion ends in a stop token, every group has
+# equal rewards) draws the batches of the next seeds, up to this many in all, and reports the seed it used.
+MAX_BATCHES = 8
+
+
 class Context:
     """What the checks share: the adapter, the pristine model, one batch, and one real update on a copy."""
 
-    def __init__(self, adapter, seed: int = 0):
+    def __init__(self, adapter, seed: int = 0, model=None, declared_trainable=None):
         self.adapter = adapter
         self.seed = seed
-        self.model = adapter.build_model()
+        self.model = adapter.build_model() if model is None else model
         # what the model declared trainable when it was built, before any trainer code ran on it (a faulty
         # trainer may switch requires_grad on itself): the default intended set of frozen_params
-        self.declared_trainable = {n for n, p in self.model.named_parameters() if p.requires_grad}
+        self.declared_trainable = ({n for n, p in self.model.named_parameters() if p.requires_grad}
+                                   if declared_trainable is None else declared_trainable)
+        self._others: dict[int, Context] = {}
         self.batch = adapter.make_batch(self.model, seed)
         self.ids = adapter.token_ids(self.batch)
         self.owned = adapter.policy_tokens(self.batch)[:, 1:].bool()  # [B, T-1] tokens the policy wrote
@@ -94,6 +110,29 @@ class Context:
 
     def masked_mean(self, values: torch.Tensor) -> float:
         return float(values[self.owned].mean()) if self.owned.any() else 0.0
+
+    def first_batch_where(self, met) -> "Context | None":
+        """This context, or the first of the next seeds' (up to ``MAX_BATCHES`` batches in all, the same pristine
+        model) whose batch meets ``met(ctx)``; None when none does."""
+        for seed in range(self.seed, self.seed + MAX_BATCHES):
+            if seed == self.seed:
+                other = self
+            else:
+                other = self._others.get(seed)
+                if other is None:
+                    other = self._others[seed] = Context(self.adapter, seed, self.model, self.declared_trainable)
+            if met(other):
+                return other
+        return None
+
+
+def _on(ctx: Context, other: Context, result: CheckResult, why: str) -> CheckResult:
+    """``result`` of a check that ran on another batch than the first: the seed recorded and said."""
+    if other is not ctx:
+        result.seed = other.seed
+        result.hint = (f"(on the batch of seed {other.seed}, the first of {other.seed - ctx.seed + 1} with {why}) "
+                       + result.hint).strip()
+    return result
 
 
 def _state(model) -> dict:
@@ -143,10 +182,66 @@ def _skip(name, why) -> CheckResult:
 # ---------------------------------------------------------------------------------------------- the checks
 
 
+def stop_ids(adapter) -> tuple[int, ...]:
+    """The adapter's optional ``stop_token_ids`` (an attribute or a method): the ids that end a completion."""
+    ids = getattr(adapter, "stop_token_ids", None)
+    if callable(ids):
+        ids = ids()
+    if ids is None:
+        return ()
+    return tuple(int(i) for i in ([ids] if isinstance(ids, int) else ids))
+
+
+def _first_stops(ctx: Context, stops: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per row: whether the policy wrote a stop token in ids[:, 1:], and the column of its first one."""
+    tokens = ctx.ids[:, 1:]
+    is_stop = torch.isin(tokens, torch.tensor(stops, device=tokens.device)) & ctx.owned
+    return is_stop.any(-1), is_stop.int().argmax(-1)
+
+
 def check_mask_policy(ctx: Context) -> CheckResult:
-    mask = ctx.adapter.action_mask(ctx.batch)
-    wrong = int(((mask > 0) != ctx.owned).sum())
-    return _result("mask_policy", wrong, "== 0", wrong == 0)
+    mask = ctx.adapter.action_mask(ctx.batch) > 0
+    wrong = mask != ctx.owned
+    stops = stop_ids(ctx.adapter)
+    hint = ""
+    if stops:  # a first stop token left out of the mask is stop_token_trained's (RLG017), not a shift
+        has, first = _first_stops(ctx, stops)
+        dropped = torch.zeros_like(wrong)
+        dropped[ctx.rows[has], first[has]] = True
+        dropped &= ~mask
+        if bool((wrong & dropped).any()):
+            wrong &= ~dropped
+            hint = "" if wrong.any() else "the only difference: stop tokens out of the mask (see stop_token_trained)"
+    n = int(wrong.sum())
+    return _result("mask_policy", n, "== 0", n == 0, hint)
+
+
+def check_stop_token_trained(ctx: Context) -> CheckResult:
+    stops = stop_ids(ctx.adapter)
+    if not stops:
+        return _skip("stop_token_trained", "the adapter declares no stop_token_ids")
+    first_ctx = ctx
+    ctx = first_ctx.first_batch_where(lambda c: bool(_first_stops(c, stops)[0].any()))
+    if ctx is None:
+        return _skip("stop_token_trained", f"not exercised: no completion of {MAX_BATCHES} batches (seeds "
+                                           f"{first_ctx.seed}-{first_ctx.seed + MAX_BATCHES - 1}) has a stop token "
+                                           f"{list(stops)} written by the policy")
+    return _on(first_ctx, ctx, _stop_token_result(ctx, stops), "a completion that ends in a stop token")
+
+
+def _stop_token_result(ctx: Context, stops: tuple[int, ...]) -> CheckResult:
+    has, first = _first_stops(ctx, stops)
+    mask = ctx.adapter.action_mask(ctx.batch) > 0
+    trained = mask[ctx.rows, first]
+    missing = has & ~trained
+    n = int(missing.sum())
+    hint = ""
+    if n:
+        r = int(torch.nonzero(missing)[0])
+        hint = (f"{n} of {int(has.sum())} completions have their first stop token out of the loss mask (first: "
+                f"row {r}, column {int(first[r])} of ids[:, 1:], token {int(ctx.ids[r, 1 + int(first[r])])}): a "
+                "mask built as ids != pad_id with pad = eos, or cut at another stop id")
+    return _result("stop_token_trained", n, "== 0", n == 0, hint)
 
 
 def check_labels_shifted(ctx: Context) -> CheckResult:
@@ -171,6 +266,30 @@ def check_ratio_one(ctx: Context) -> CheckResult:
     return _result("ratio_one", err, "< 1e-4", err < 1e-4)
 
 
+def check_targets_detached(ctx: Context) -> CheckResult:
+    """The loss's targets as the trainer computes them, called with autograd on as the trainer's own code runs."""
+    a = ctx.adapter
+    model = ctx.fresh()
+    with torch.enable_grad(), torch.random.fork_rng(devices=[]):
+        targets = {"old_log_probs(model, batch)": a.old_log_probs(model, ctx.batch),
+                   "sampler_log_probs(batch)": a.sampler_log_probs(ctx.batch),
+                   "advantages(batch)": a.advantages(ctx.batch)}
+        if hasattr(a, "ref_log_probs"):
+            ref = a.make_reference(model)
+            if ref is not None:
+                targets["ref_log_probs(reference, batch)"] = a.ref_log_probs(ref, ctx.batch)
+        if hasattr(a, "returns"):
+            targets["returns(batch)"] = a.returns(ctx.batch)
+    attached = [name for name, v in targets.items()
+                if isinstance(v, torch.Tensor) and (v.requires_grad or v.grad_fn is not None)]
+    hint = ""
+    if attached:
+        grad_fn = type(targets[attached[0]].grad_fn).__name__ if targets[attached[0]].grad_fn is not None else "none"
+        hint = (f"{', '.join(attached)} carr{'ies' if len(attached) == 1 else 'y'} an autograd graph (grad_fn "
+                f"{grad_fn}): computed with autograd on; compute them under torch.no_grad() or .detach() them")
+    return _result("targets_detached", len(attached), "== 0", not attached, hint)
+
+
 def check_group_mean(ctx: Context) -> CheckResult:
     adv = ctx.adapter.advantages(ctx.batch).float().view(-1, ctx.adapter.group_size)
     worst = float(adv.mean(-1).abs().max())
@@ -184,6 +303,172 @@ def check_padding_invariant(ctx: Context) -> CheckResult:
         b = float(ctx.adapter.loss(ctx.model, padded, ctx.rows))
     err = abs(a - b)
     return _result("padding_invariant", err, "< 1e-5", err < 1e-5)
+
+
+def select_rows(adapter, batch, rows: torch.Tensor):
+    """The batch restricted to (and ordered by) ``rows``: the adapter's ``select_rows`` if it has one; for a
+    dict batch, every tensor, list or tuple whose first dim is B indexed by ``rows``."""
+    if hasattr(adapter, "select_rows"):
+        return adapter.select_rows(batch, rows)
+    if not isinstance(batch, dict):
+        raise TypeError("batch is not a dict: give the adapter a select_rows(batch, rows)")
+    return take_rows(batch, rows, adapter.token_ids(batch).shape[0])
+
+
+def _no_grad_scoring(fn, *args, seed: int | None = None):
+    """``fn(*args)`` under no_grad with the global RNG as it was (a check must not move the trainer's RNG);
+    ``seed``: the RNG seeded so inside, so that two passes draw different random numbers (dropout)."""
+    with torch.no_grad(), torch.random.fork_rng(devices=[]):
+        if seed is not None:
+            torch.manual_seed(seed)
+        return fn(*args).detach()
+
+
+def _can_select(adapter, batch) -> bool:
+    return hasattr(adapter, "select_rows") or isinstance(batch, dict)
+
+
+def check_padding_leak(ctx: Context) -> CheckResult:
+    a, model, batch = ctx.adapter, ctx.model, ctx.batch
+    if not _can_select(a, batch):
+        return _skip("padding_leak", "the batch is not a dict and the adapter has no select_rows(batch, rows)")
+    base = ctx.trainer_logp
+    again = _no_grad_scoring(a.log_probs, model, batch)
+    mean_tol, max_tol = row_tolerance(*compute_dtypes(base, model))
+    noise = gaps(base, again, ctx.owned)
+    if noise[1] > 0:
+        found = active_dropout(model)
+        return _skip("padding_leak", "two scorings of the same batch differ (max gap "
+                     f"{noise[1]:.3g}): the log-probs are not deterministic"
+                     + (f" (dropout on: {describe_dropout(found)}; see scoring_eval_mode, RLG018)" if found else ""))
+    n = len(ctx.rows)
+    worst = (0.0, 0.0, -1, "")
+    cases = [("the batch's rows in reverse order", ctx.rows.flip(0)), ("its last row alone", ctx.rows[-1:])]
+    for what, rows in cases:
+        other = _no_grad_scoring(a.log_probs, model, select_rows(a, batch, rows))
+        w = other.shape[1]  # an adapter may pad the selected rows less (left-padded prompts): align at the end
+        g = gaps(other, base[rows][:, base.shape[1] - w:], ctx.owned[rows][:, base.shape[1] - w:])
+        if g[0] > worst[0] or g[1] > worst[1]:
+            worst = (g[0], g[1], int(rows[g[2]]) if g[2] >= 0 else -1, what)
+    padded = _no_grad_scoring(a.log_probs, model, pad_batch(a, batch, 8))
+    g = gaps(padded[:, :base.shape[1]], base, ctx.owned)
+    if g[0] > worst[0] or g[1] > worst[1]:
+        worst = (g[0], g[1], g[2], "8 more columns of right padding")
+    if hasattr(a, "pad_prompts"):  # where the trainer pads its prompts (on the left): the completions move right
+        padded = _no_grad_scoring(a.log_probs, model, a.pad_prompts(batch, 8))
+        g = gaps(padded[:, padded.shape[1] - base.shape[1]:], base, ctx.owned)
+        if g[0] > worst[0] or g[1] > worst[1]:
+            worst = (g[0], g[1], g[2], "8 more columns of prompt padding")
+    mean, top, row, what = worst
+    leak = mean > mean_tol or top > max_tol
+    hint = ""
+    if leak:
+        hint = (f"row {row}'s log-probs change with {what}: mean gap {mean:.3g}, max {top:.3g} over its policy "
+                f"tokens (allowed {mean_tol:g} / {max_tol:g}): a forward without the attention mask or position ids "
+                "its padding needs, or packed rows that attend to each other")
+    return _result("padding_leak", top, f"mean < {mean_tol:g}, max < {max_tol:g}", not leak, hint)
+
+
+def _order_pairs(ctx: Context, k: int = 3) -> list[torch.Tensor]:
+    """Up to ``k`` pairs of rows with different lengths and different advantages: swapping two such rows
+    changes the loss whenever some field is paired with the wrong one."""
+    lengths = ctx.owned.sum(-1)
+    adv = ctx.true_advantages
+    pairs, used = [], set()
+    for i in range(len(ctx.rows)):
+        for j in range(i + 1, len(ctx.rows)):
+            if i in used or j in used or lengths[i] == lengths[j] or abs(float(adv[i] - adv[j])) < 1e-3:
+                continue
+            pairs.append(torch.tensor([i, j]))
+            used |= {i, j}
+            break
+        if len(pairs) == k:
+            break
+    return pairs
+
+
+def check_rows_in_step(ctx: Context) -> CheckResult:
+    a = ctx.adapter
+    mean_tol, max_tol = row_tolerance(*compute_dtypes(ctx.trainer_logp, ctx.model))
+    reordered = _no_grad_scoring(a.log_probs, ctx.model, select_rows(a, ctx.batch, ctx.rows.flip(0))) \
+        if _can_select(a, ctx.batch) else None
+    if reordered is not None and reordered.shape == ctx.trainer_logp.shape:
+        g = gaps(reordered.flip(0), ctx.trainer_logp, ctx.owned)
+        if g[0] > mean_tol or g[1] > max_tol:
+            return _skip("rows_in_step", "the rows' log-probs depend on their batch neighbours (see padding_leak): "
+                         "a reordering of the rows cannot be judged")
+    gen = torch.Generator().manual_seed(ctx.seed + 7)
+    perm = group_permutation(len(ctx.rows), a.group_size, gen)
+    model = ctx.fresh()
+    with torch.no_grad(), torch.random.fork_rng(devices=[]):
+        base = float(a.loss(model, ctx.batch, ctx.rows))
+        measured = [(float(a.loss(model, ctx.batch, ctx.rows[perm])), "the loss of the same rows in another order")]
+        if reordered is not None:
+            measured.append((float(a.loss(model, select_rows(a, ctx.batch, perm), ctx.rows)),
+                             "the loss of the batch with its rows permuted (groups kept together)"))
+    scale = max(abs(base), 1e-12)
+    worst, what = 0.0, ""
+    for value, desc in measured:
+        err = abs(value - base) / scale
+        if err > worst:
+            worst, what = err, desc
+    # the trainer's own backward over two rows, in both orders: a field taken in another order than the rest
+    # (microbatches sorted for the forward, advantages not) pairs each row with the other's values (not for an
+    # adapter whose backward takes the whole batch only, in the trainer's own order)
+    for pair in ([] if getattr(a, "whole_batch_backward", False) else _order_pairs(ctx)):
+        grads = []
+        for order in (pair, pair.flip(0)):
+            model.zero_grad(set_to_none=True)
+            with torch.random.fork_rng(devices=[]):
+                a.backward(model, ctx.batch, order)
+            grads.append(_grads(model))
+        err = float((grads[1] - grads[0]).norm() / grads[0].norm().clamp(min=1e-12))
+        if err > worst:
+            worst, what = err, f"the gradient of backward() over rows {pair.tolist()} in the other order"
+    ok = worst < 1e-4
+    hint = "" if ok else (f"{what} differs by {worst:.3g} (relative): some fields of the batch are paired with "
+                          "other rows than the rest (a sort, filter or permutation applied to some fields only)")
+    return _result("rows_in_step", worst, "< 1e-4", ok, hint)
+
+
+def check_scoring_eval_mode(ctx: Context) -> CheckResult:
+    a = ctx.adapter
+    model = ctx.fresh()
+    with torch.enable_grad():
+        ref = a.make_reference(model)
+    worst, who = 0.0, ""
+    if hasattr(a, "scoring_passes"):  # the trainer's own scoring code, as it runs in training
+        passes = [_scoring_passes(a, model, ctx.batch, ctx.seed + 11), _scoring_passes(a, model, ctx.batch,
+                                                                                        ctx.seed + 12)]
+        for what in passes[0]:
+            first, second = passes[0][what], passes[1].get(what)
+            g = gaps(first, second, None)[1] if second is not None and second.shape == first.shape else 0.0
+            if g > worst:
+                worst, who = g, what
+    scorings = [("old_log_probs(model)", a.old_log_probs, model)]
+    if ref is not None:
+        scorings.append(("log_probs(reference)", a.log_probs, ref))
+    for what, fn, m in scorings:
+        first = _no_grad_scoring(fn, m, ctx.batch, seed=ctx.seed + 11)
+        second = _no_grad_scoring(fn, m, ctx.batch, seed=ctx.seed + 12)
+        g = gaps(first, second, ctx.owned)[1]
+        if g > worst:
+            worst, who = g, what
+    ok = worst == 0
+    hint = ""
+    if not ok:
+        m = ref if "ref" in who else model
+        found = active_dropout(m) if m is not None and not isinstance(m, type(None)) else []
+        hint = (f"two scoring passes of {who} differ by up to {worst:.3g}: "
+                + (f"dropout on in {describe_dropout(found)}; put the scoring model in eval mode (model.eval())"
+                   if found else "a scoring forward is not deterministic (dropout in train mode, or sampling)"))
+    return _result("scoring_eval_mode", worst, "== 0", ok, hint)
+
+
+def _scoring_passes(adapter, model, batch, seed: int) -> dict:
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return {k: v.detach() for k, v in adapter.scoring_passes(model, batch).items()}
 
 
 def check_accumulation(ctx: Context) -> CheckResult:
@@ -208,14 +493,17 @@ def check_old_logp_frozen(ctx: Context) -> CheckResult:
 
 
 def check_advantage_direction(ctx: Context) -> CheckResult:
+    first_ctx = ctx
+    ctx = first_ctx.first_batch_where(lambda c: bool(c.true_advantages.abs().max() > 0))
+    if ctx is None:
+        return _skip("advantage_direction", f"not exercised: every group has equal rewards in {MAX_BATCHES} "
+                                            f"batches (seeds {first_ctx.seed}-{first_ctx.seed + MAX_BATCHES - 1})")
     with torch.no_grad():
         new = ctx.adapter.log_probs(ctx.stepped["model"], ctx.batch)
     moved = ((new - ctx.trainer_logp) * ctx.owned).sum(-1)  # change of log pi(episode) [B]
-    adv = ctx.true_advantages
-    if adv.abs().max() == 0:
-        return _skip("advantage_direction", "every group has equal rewards in this batch")
-    corr = float(torch.corrcoef(torch.stack([moved.float(), adv]))[0, 1])
-    return _result("advantage_direction", corr, "> 0", corr > 0)
+    corr = float(torch.corrcoef(torch.stack([moved.float(), ctx.true_advantages]))[0, 1])
+    return _on(first_ctx, ctx, _result("advantage_direction", corr, "> 0", corr > 0),
+               "a group whose rewards differ")
 
 
 def check_kl_positive(ctx: Context) -> CheckResult:
@@ -369,15 +657,25 @@ def pad_batch(adapter, batch, extra: int):
 CHECKS = {
     "mask_policy": (check_mask_policy, MASK_NOT_SHIFTED,
                     "the loss mask is not the policy's tokens of ids[:, 1:] (shifted or wrong owner)"),
+    "stop_token_trained": (check_stop_token_trained, STOP_TOKEN_UNTRAINED,
+                           "a completion's first stop token is out of the loss mask: the model never learns to stop"),
     "labels_shifted": (check_labels_shifted, LOGITS_LABEL_SHIFT,
                        "trainer log-probs are not logits[:, t] gathered at ids[:, t+1]"),
     "sampler_logp": (check_sampler_logp, SAMPLER_TRAINER_MISMATCH,
                      "trainer and sampler disagree on the sampled tokens (temperature, precision, label shift)"),
     "ratio_one": (check_ratio_one, SAMPLER_TRAINER_MISMATCH, "the PPO ratio is not 1 before any step: old log-probs are off-policy"),
+    "scoring_eval_mode": (check_scoring_eval_mode, TRAIN_MODE_SCORING,
+                          "two scoring passes of the old policy or the reference differ: dropout on (train mode)"),
+    "targets_detached": (check_targets_detached, DETACHED_TARGETS,
+                         "old/reference/sampler log-probs, advantages or returns carry an autograd graph"),
     "group_mean": (check_group_mean, GROUP_BASELINE, "advantages are not centred per group (batch mean, wrong axis/size)"),
     "padding_invariant": (check_padding_invariant, MASK_NOT_SHIFTED, "right padding changes the loss: pads are trained on"),
+    "padding_leak": (check_padding_leak, PADDING_LEAK,
+                     "a row's log-probs change with its padding or its batch neighbours"),
     "accumulation": (check_accumulation, ACCUMULATION_SCALE,
                      "accumulated gradient differs from the one-pass gradient (per-microbatch normalisation)"),
+    "rows_in_step": (check_rows_in_step, ROWS_OUT_OF_STEP,
+                     "the loss or gradient changes when the rows are permuted consistently: fields out of step"),
     "old_logp_frozen": (check_old_logp_frozen, OLD_LOGP_RECOMPUTED,
                         "the ratio stays 1 across the update: old log-probs recomputed each minibatch"),
     "advantage_direction": (check_advantage_direction, ADVANTAGE_SIGN,

@@ -13,7 +13,8 @@ def check_main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(
         prog="rlguard check",
         description="Run the preflight invariant suite on a trainer adapter. Exit 0: every check passed; "
-                    "1: a check failed; 125: the trainer could not be built or run (git bisect's 'skip').")
+                    "1: a check failed; 2: a check could not run (an rlguard error, its cause printed); 125: the trainer "
+                    "could not be built or run (git bisect's 'skip').")
     parser.add_argument("adapter", nargs="?",
                         help="module:attr of the adapter (instance, class or factory), or a module")
     parser.add_argument("--trl", metavar="MODULE:FUNCTION",
@@ -69,7 +70,12 @@ def check_main(argv: list[str]) -> int:
             print(table(report))
             if args.out:
                 write_report(report, args.out)
-        return EXIT_OK if report.passed else EXIT_FAILED
+            for c in report.checks:
+                if c.error:
+                    print(f"rlguard check: {c.name}: {c.hint}", file=sys.stderr)
+        if report.failed:
+            return EXIT_FAILED
+        return EXIT_USAGE if report.errors else EXIT_OK
     finally:
         if group and group[2]:
             import torch.distributed as dist

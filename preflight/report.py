@@ -19,7 +19,7 @@ def _fmt(value: float) -> str:
 
 
 def _status(c) -> str:
-    return "skip" if c.skipped else ("ok" if c.passed else "FAIL")
+    return "ERROR" if getattr(c, "error", False) else "skip" if c.skipped else ("ok" if c.passed else "FAIL")
 
 
 def table(report: Report) -> str:
@@ -30,9 +30,16 @@ def table(report: Report) -> str:
     lines.insert(1, "-" * min(len(lines[0]) + 20, 110))
     n_fail = len(report.failed)
     lines.append("")
-    lines.append("all checks passed" if report.passed else f"{n_fail} check(s) failed: {', '.join(report.failed)}")
+    lines.append("all checks passed" if report.passed else
+                 f"{n_fail} check(s) failed: {', '.join(report.failed)}" if n_fail else "no check failed")
+    if report.errors:
+        lines[-1] += (f"; {len(report.errors)} check(s) could not run (rlguard errors, not findings): "
+                      f"{', '.join(report.errors)}")
     if report.skipped:
         lines[-1] += f" ({len(report.skipped)} skipped: {', '.join(report.skipped)})"
+    others = [(c.name, c.seed) for c in report.checks if getattr(c, "seed", None) is not None]
+    if others:
+        lines.append("batches: the first for every check but " + ", ".join(f"{n} (seed {s})" for n, s in others))
     if getattr(report, "world_size", 1) > 1:
         lines.append(f"(data-parallel: {report.world_size} ranks; each value is the worst rank's, per-rank values "
                      "in report.json)")
@@ -41,7 +48,7 @@ def table(report: Report) -> str:
 
 def markdown(report: Report, title: str = "rlguard preflight report") -> str:
     lines = [f"# {title}", "", f"**{'PASSED' if report.passed else 'FAILED'}**"
-             + ("" if report.passed else f": {', '.join(report.failed)}"), "",
+             + ("" if report.passed else f": {', '.join(report.failed + report.errors)}"), "",
              *([f"Data-parallel: {report.world_size} ranks; each value is the worst rank's.", ""]
                if getattr(report, "world_size", 1) > 1 else []),
              "| check | measured | tolerance | ok | code | hint |", "|---|---|---|---|---|---|"]

@@ -8,6 +8,7 @@ from typing import Callable, Iterable
 
 import torch
 
+from rlguard.preflight.adapter import TrainerFault
 from rlguard.preflight.checks import CHECKS, CheckResult, Context, _skip
 
 
@@ -26,7 +27,13 @@ class Report:
 
     @property
     def failed(self) -> list[str]:
-        return [c.name for c in self.checks if not c.passed]
+        """Checks that found their fault (an rlguard error is not a finding: ``errors``)."""
+        return [c.name for c in self.checks if not c.passed and not c.error]
+
+    @property
+    def errors(self) -> list[str]:
+        """Checks that raised: rlguard could not run them on this trainer."""
+        return [c.name for c in self.checks if c.error]
 
     @property
     def skipped(self) -> list[str]:
@@ -99,14 +106,25 @@ def run_suite(adapter, seed: int = 0, only: Iterable[str] | None = None,
             continue
         try:
             result = fn(ctx)
-        except Exception as exc:  # noqa: BLE001 - a crash inside a check is that check's failure
-            result = CheckResult(name, code, float("nan"), "-", False, f"raised {type(exc).__name__}: {exc}"[:200])
+        except TrainerFault as exc:  # the adapter saw the trainer do something wrong: the check's finding
+            result = CheckResult(name, code, float("nan"), "-", False, str(exc)[:300])
+        except Exception as exc:  # noqa: BLE001 - a crash inside a check is an rlguard error, not a finding
+            result = CheckResult(name, None, float("nan"), "-", False, f"rlguard error: {_cause(exc)}", error=True)
         report.checks.append(result)
     if world > 1:
         report = aggregate(_gather(report.checks))
     if progress is not None:
         progress(len(names), len(names), "done")
     return report
+
+
+def _cause(exc: BaseException) -> str:
+    """``Type: message (at file:line in function)`` of the deepest frame of the traceback: where it broke."""
+    import traceback
+
+    frames = traceback.extract_tb(exc.__traceback__)
+    where = f" (at {frames[-1].filename.rsplit('/', 1)[-1]}:{frames[-1].lineno} in {frames[-1].name})" if frames else ""
+    return f"the check raised {type(exc).__name__}: {str(exc)[:200]}{where}"
 
 
 def _gather(obj) -> list:
@@ -138,5 +156,6 @@ def aggregate(per_rank: list[list[CheckResult]]) -> Report:
             hint = first.hint
             value = _worst(first.tolerance, values)
         out.checks.append(replace(first, value=value, passed=not failed, hint=hint,
-                                  skipped=all(c.skipped for c in results), per_rank=values))
+                                  skipped=all(c.skipped for c in results), per_rank=values,
+                                  error=any(c.error for c in results)))
     return out

@@ -13,11 +13,14 @@ import torch
 from rlguard.reference.config import GRPOConfig
 from rlguard.reference.pipeline import make_parts
 from rlguard.reference.sampling import evaluate, sample_episodes
-from rlguard.reference.task import POLICY, make_tasks
+from rlguard.reference.task import POLICY, TaskSpec, make_tasks
 from rlguard.reference.trainer import base_policy, sample_prompts, train
 
-# Small and fast: 8 prompts x 8 samples, 2 epochs x 2 minibatches x 2 microbatches.
-CHECK_CONFIG = GRPOConfig(prompts_per_step=8, group_size=8, kl_coef=0.05, ent_coef=0.01)
+# Small and fast: 8 prompts x 8 samples, 2 epochs x 2 minibatches x 2 microbatches. Episodes end with the
+# policy's EOS (stop_token_trained needs one), and the model has dropout modules (disabled in the policy, as TRL
+# does; a reference rebuilt from the config has them on: scoring_eval_mode).
+CHECK_CONFIG = GRPOConfig(prompts_per_step=8, group_size=8, kl_coef=0.05, ent_coef=0.01, dropout=0.1,
+                          task=TaskSpec(stop_token=True))
 
 
 class ReferenceAdapter:
@@ -28,6 +31,7 @@ class ReferenceAdapter:
         self.parts = make_parts(fault)
         self.group_size = cfg.group_size
         self.pad_id = 0
+        self.stop_token_ids = cfg.spec.stop_ids
         self.train_tasks, self.heldout_tasks = make_tasks(cfg.spec, n_heldout=cfg.n_heldout, seed=1234 + cfg.seed)
 
     # -- model and batch
@@ -61,13 +65,13 @@ class ReferenceAdapter:
 
     # -- the trainer's own computations
     def logits(self, model, batch):
-        return (model(batch["ids"]) / self.cfg.temperature)[:, :-1]
+        return self.parts.forward(model, batch["ids"], self.cfg)[:, :-1]
 
     def log_probs(self, model, batch):
-        return self.parts.token_log_probs(model(batch["ids"]) / self.cfg.temperature, batch["ids"])
+        return self.parts.token_log_probs(self.parts.forward(model, batch["ids"], self.cfg), batch["ids"])
 
     def action_mask(self, batch):
-        return self.parts.build_action_mask(batch["owner"])
+        return self.parts.build_action_mask(batch["owner"], batch["ids"])
 
     def advantages(self, batch):
         with torch.no_grad():
@@ -77,7 +81,10 @@ class ReferenceAdapter:
         if ref_model is None:
             return None
         with torch.no_grad():
-            return self.parts.token_log_probs(ref_model(ids) / self.cfg.temperature, ids)
+            return self.parts.token_log_probs(self.parts.forward(ref_model, ids, self.cfg), ids)
+
+    def ref_log_probs(self, ref_model, batch):
+        return self._ref_logp(ref_model, batch["ids"])
 
     def loss(self, model, batch, rows, ref_model=None, term="total"):
         cfg, advantages = self.cfg, self.advantages(batch)
@@ -91,7 +98,7 @@ class ReferenceAdapter:
         ref_logp = self._ref_logp(ref_model, ids) if cfg.kl_coef else None
         if term == "kl" and ref_logp is None:
             return None
-        logits = model(ids[rows]) / cfg.temperature
+        logits = self.parts.forward(model, ids[rows], cfg)
         loss, _ = self.parts.compute_loss(logits, ids[rows], batch["sampler_logp"][rows], advantages[rows],
                                           mask[rows], None if ref_logp is None else ref_logp[rows], cfg, self.parts,
                                           mask[rows].sum().clamp(min=1), len(rows))

@@ -31,6 +31,7 @@ class GRPOConfig:
     n_heldout: int = 64
     d_model: int = 64
     n_layers: int = 2
+    dropout: float = 0.0  # the model's dropout modules (the RL policy has them disabled; see trainer.base_policy)
     warm_start_steps: int = 150
     warm_start_probe: float = 0.1  # the base policy's review (task.review_tokens): each THINK with this probability
     task: TaskSpec = field(default_factory=TaskSpec)

@@ -40,7 +40,7 @@ from rlguard.reference.config import GRPOConfig
 from rlguard.reference.faults import FAULTS, Fault
 from rlguard.reference.pipeline import Parts, merge_stats, update
 from rlguard.reference.sampling import evaluate
-from rlguard.reference.task import make_tasks
+from rlguard.reference.task import TaskSpec, make_tasks
 from rlguard.reference.trainer import base_policy, logp_gap, metrics_row, sample_prompts
 
 __all__ = ["DP_FAULTS", "DP_CHECK_CONFIG", "DistributedReferenceAdapter", "adapter", "dp_parts", "train_dp",
@@ -203,7 +203,8 @@ def train_dp(cfg: GRPOConfig = GRPOConfig(), fault: str | None = None, steps: in
 
 # -- the preflight adapter -----------------------------------------------------------------------------------
 # 8 prompts x 8 samples; each minibatch of 32 rows splits into 16 per rank (2 ranks) or 8 (4 ranks).
-DP_CHECK_CONFIG = GRPOConfig(prompts_per_step=8, group_size=8, kl_coef=0.05, ent_coef=0.01)
+DP_CHECK_CONFIG = GRPOConfig(prompts_per_step=8, group_size=8, kl_coef=0.05, ent_coef=0.01, dropout=0.1,
+                             task=TaskSpec(stop_token=True))  # as CHECK_CONFIG: a stop token, dropout modules
 
 
 class DistributedReferenceAdapter(ReferenceAdapter):

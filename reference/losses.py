@@ -29,8 +29,9 @@ def token_entropy(logits: torch.Tensor) -> torch.Tensor:
 
 
 @contract
-def build_action_mask(owner: Owner) -> Annotated[ActionMask, MatchesOwner(owner="owner")]:
-    """1.0 where ids[:, 1:] was written by the policy -> [B, T-1]."""
+def build_action_mask(owner: Owner, ids: TokenIds | None = None) -> Annotated[ActionMask, MatchesOwner(owner="owner")]:
+    """1.0 where ids[:, 1:] was written by the policy -> [B, T-1] (its stop token included: ``ids`` is not needed
+    here; a mask that also drops pad ids drops a stop token that shares the pad's id)."""
     action_mask = (owner[:, 1:] == POLICY).float()
     return action_mask
 

@@ -23,6 +23,12 @@ def rollout(model, tasks, cfg, generator):
     return collate(episodes, cfg.group_size)
 
 
+def forward(model, ids, cfg):
+    """The trainer's scoring forward: next-token logits of right-padded ids at the trainer's temperature. Causal
+    attention makes right padding harmless, so no attention mask is needed."""
+    return model(ids) / cfg.temperature
+
+
 def make_reference(model):
     """A frozen copy of the policy for the KL penalty."""
     ref_model = copy.deepcopy(model).eval()
@@ -45,7 +51,7 @@ def minibatch_backward(model, ids, rows, action_mask, old_log_probs, advantages,
     micro = rows[action_mask[rows].sum(-1).argsort(stable=True)].chunk(cfg.microbatches)
     logs = []
     for part in micro:
-        logits = model(ids[part]) / cfg.temperature
+        logits = parts.forward(model, ids[part], cfg)
         ref_part = None if ref_log_probs is None else ref_log_probs[part]
         loss, stats = parts.compute_loss(logits, ids[part], old_log_probs[part], advantages[part],
                                          action_mask[part], ref_part, cfg, parts, n_tokens, n_seqs)
@@ -66,13 +72,13 @@ def update(model, ref_model, optimizer, batch, cfg, parts, generator, shard_rows
     """Several epochs of minibatch PPO steps on one batch -> stats of the update. ``shard_rows(rows, mask)``
     picks this rank's share of each minibatch when the update runs data-parallel."""
     ids = batch["ids"]
-    action_mask = parts.build_action_mask(batch["owner"])
+    action_mask = parts.build_action_mask(batch["owner"], ids)
     old_log_probs = batch["sampler_logp"]
     with torch.no_grad():
         advantages = parts.group_advantages(batch["rewards"], cfg.group_size)
         ref_log_probs = None
         if ref_model is not None:
-            ref_log_probs = parts.token_log_probs(ref_model(ids) / cfg.temperature, ids)
+            ref_log_probs = parts.token_log_probs(parts.forward(ref_model, ids, cfg), ids)
     logs = []
     for _ in range(cfg.epochs):
         for rows in torch.randperm(len(ids), generator=generator).chunk(cfg.minibatches):
@@ -110,6 +116,7 @@ class Parts:
     """The functions the trainer calls; a fault replaces exactly one of them."""
 
     rollout: Callable = rollout
+    forward: Callable = forward
     make_reference: Callable = make_reference
     make_optimizer: Callable = make_optimizer
     build_action_mask: Callable = losses.build_action_mask

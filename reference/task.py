@@ -52,6 +52,7 @@ class TaskSpec:
     max_answer_tokens: int = 2  # per turn: up to max_answer_tokens - 1 THINK fillers, then the answer
     review_tokens: int = 0  # > 0: after the last turn a PASSED/FAILED report, then up to this many policy tokens
     blind: float = 0.0  # the fraction of tasks whose last symbol is hidden (BLANK): that answer is a guess
+    stop_token: bool = False  # the policy ends each episode with EOS after its last answer (not with review_tokens)
 
     def key_token(self, k: int) -> int:
         return 4 + k
@@ -70,16 +71,26 @@ class TaskSpec:
         """``BLANK``, shown in place of a blind task's last symbol (only with ``blind``)."""
         return 4 + self.n_keys + 2 * self.n_symbols + (2 if self.review_tokens else 0)
 
+    def eos_token(self) -> int:
+        """``EOS``, the policy's stop token (only with ``stop_token``): the last id of the vocabulary."""
+        return 4 + self.n_keys + 2 * self.n_symbols + (2 if self.review_tokens else 0) + (1 if self.blind else 0)
+
+    @property
+    def stop_ids(self) -> tuple[int, ...]:
+        """The ids that end a completion: ``(EOS,)`` with ``stop_token``, else none."""
+        return (self.eos_token(),) if self.stop_token and not self.review_tokens else ()
+
     @property
     def vocab_size(self) -> int:
-        return 4 + self.n_keys + 2 * self.n_symbols + (2 if self.review_tokens else 0) + (1 if self.blind else 0)
+        return (4 + self.n_keys + 2 * self.n_symbols + (2 if self.review_tokens else 0) + (1 if self.blind else 0)
+                + (1 if self.stop_token else 0))
 
     def answer(self, key: int, x: int) -> int:
         return (x + key) % self.n_symbols
 
     def max_len(self) -> int:
         review = 1 + self.review_tokens if self.review_tokens else 0  # the report and the review's tokens
-        return 2 + self.max_turns * (1 + self.max_answer_tokens) + review
+        return 2 + self.max_turns * (1 + self.max_answer_tokens) + review + len(self.stop_ids)
 
 
 @dataclass(frozen=True)
@@ -137,8 +148,11 @@ def _show_symbol(spec: TaskSpec, ep: Episode) -> None:
         ep.sample_logp.append(0.0)
         ep.answer_tokens = 0
         return
-    if ep.turn >= n:
+    if ep.turn >= n and not (spec.stop_ids and ep.turn == n):
         ep.done = True
+        return
+    if ep.turn == n:  # stop_token: the policy's next token ends the episode (EOS, or a malformed ending)
+        ep.answer_tokens = 0
         return
     blind = ep.task.blind and ep.turn == n - 1
     ep.ids.append(spec.blank_token() if blind else spec.in_token(ep.task.symbols[ep.turn]))
@@ -154,6 +168,11 @@ def policy_step(spec: TaskSpec, ep: Episode, token: int, logp: float) -> None:
     ep.sample_logp.append(logp)
     ep.answer_tokens += 1
     out0 = spec.out_token(0)
+    if spec.stop_ids and ep.turn == len(ep.task.symbols):  # the ending: EOS stops, anything else is malformed
+        ep.malformed += token not in spec.stop_ids
+        ep.turn += 1
+        ep.done = True
+        return
     if ep.turn == len(ep.task.symbols):  # the review: THINK goes on, any other token (or the cap) ends the episode
         ep.done = token != THINK or ep.answer_tokens >= spec.review_tokens
         return

@@ -10,11 +10,12 @@ from __future__ import annotations
 import copy
 import functools
 import random
+from dataclasses import replace
 
 import torch
 
 from rlguard.reference.config import GRPOConfig
-from rlguard.reference.model import ModelConfig, TinyCausalLM, build_model
+from rlguard.reference.model import ModelConfig, TinyCausalLM, build_model, disable_dropout
 from rlguard.reference.pipeline import Parts, make_parts
 from rlguard.reference.sampling import evaluate
 from rlguard.reference.task import HACK, POLICY, THINK, TaskSpec, finish, make_tasks, policy_step, start_episode
@@ -24,7 +25,7 @@ __all__ = ["GRPOConfig", "base_policy", "train", "metrics_row", "model_config"]
 
 def model_config(cfg: GRPOConfig) -> ModelConfig:
     return ModelConfig(vocab_size=cfg.spec.vocab_size, d_model=cfg.d_model, n_layers=cfg.n_layers,
-                       max_len=max(64, cfg.spec.max_len()))
+                       max_len=max(64, cfg.spec.max_len()), dropout=cfg.dropout)
 
 
 @functools.lru_cache(maxsize=8)
@@ -42,6 +43,9 @@ def _warm_start_state(spec: TaskSpec, mcfg: ModelConfig, steps: int, seed: int, 
             ep = start_episode(spec, _random_task(rng, spec, n))
             while not ep.done:
                 review = ep.turn == len(ep.task.symbols)  # after the report (spec.review_tokens): probes
+                if review and spec.stop_ids:  # the ending of an episode with a stop token
+                    policy_step(spec, ep, spec.eos_token(), 0.0)
+                    continue
                 cap, p = (spec.review_tokens, probe) if review else (spec.max_answer_tokens, 0.1)
                 while ep.answer_tokens < cap - 1 and rng.random() < p:
                     policy_step(spec, ep, THINK, 0.0)
@@ -69,16 +73,19 @@ def _random_task(rng: random.Random, spec: TaskSpec, n: int):
 
 
 def base_policy(cfg: GRPOConfig) -> TinyCausalLM:
-    """The RL starting policy: a fresh copy of the (cached) warm-started model."""
+    """The RL starting policy: a fresh copy of the (cached) warm-started model, its dropout disabled as TRL's
+    ``disable_dropout`` does (the model keeps its dropout modules and its config's rate: a module rebuilt from
+    ``model.cfg`` has dropout on)."""
     mcfg = model_config(cfg)
     model = TinyCausalLM(mcfg)
+    plain = replace(mcfg, dropout=0.0)  # dropout has no weights: the warm start is the same with or without it
     if cfg.warm_start_steps:
         with torch.random.fork_rng(devices=[]):
-            state = _warm_start_state(cfg.spec, mcfg, cfg.warm_start_steps, cfg.seed, cfg.warm_start_probe)
+            state = _warm_start_state(cfg.spec, plain, cfg.warm_start_steps, cfg.seed, cfg.warm_start_probe)
     else:
-        state = build_model(mcfg, cfg.seed).state_dict()
+        state = build_model(plain, cfg.seed).state_dict()
     model.load_state_dict(state)
-    return model
+    return disable_dropout(model)
 
 
 def sample_prompts(tasks, cfg: GRPOConfig, generator: torch.Generator):
@@ -90,8 +97,8 @@ def sample_prompts(tasks, cfg: GRPOConfig, generator: torch.Generator):
 def logp_gap(model, batch, cfg: GRPOConfig, parts: Parts) -> float:
     """Mean |trainer log-prob - sampler log-prob| on the trained tokens (healthy: ~1e-7)."""
     ids = batch["ids"]
-    mask = parts.build_action_mask(batch["owner"]) > 0
-    trainer = parts.token_log_probs(model(ids) / cfg.temperature, ids)
+    mask = parts.build_action_mask(batch["owner"], ids) > 0
+    trainer = parts.token_log_probs(parts.forward(model, ids, cfg), ids)
     return float((trainer - batch["sampler_logp"]).abs()[mask].mean()) if mask.any() else 0.0
 
 

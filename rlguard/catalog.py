@@ -74,7 +74,23 @@ _CODES = [
     Code("RLG015", "reload-mismatch",
          "A saved checkpoint does not reproduce the policy.",
          "no", "save, reload, same outputs for the same inputs"),
-    # Codes after RLG015 are rlguard's own, not failure modes of a trainer.
+    Code("RLG016", "padding-leak",
+         "Per-token log-probs depend on how much padding a row carries or on its batch neighbours.",
+         "where visible", "a row's log-probs unchanged by extra padding and by the other rows of its batch"),
+    Code("RLG017", "stop-token-untrained",
+         "The stop token falls out of the loss mask (pad = eos and mask = ids != pad_id): the model never "
+         "learns to stop.",
+         "where visible", "each completion's first stop token (any configured stop id) is inside the loss mask"),
+    Code("RLG018", "train-mode-scoring",
+         "Old-policy, reference or value forwards run in train mode with dropout on: noisy old log-probs, "
+         "a ratio that is not 1 before the first step, a reference whose KL to itself is not 0.",
+         "where visible", "scoring forwards under no_grad have every dropout module inactive; two scoring passes agree"),
+    Code("RLG019", "rows-out-of-step",
+         "Rows filtered, sorted or permuted in some fields of a batch and not in the others that describe the "
+         "same episodes.",
+         "where visible", "the fields of one batch keep one row identity; the loss is invariant to a consistent "
+         "permutation of rows"),
+    # Codes from RLG900 are rlguard's own, not failure modes of a trainer.
     Code("RLG900", "syntax-error",
          "The file could not be read or parsed, so no rule ran on it.",
          "yes", "-"),
@@ -103,6 +119,10 @@ LOGITS_LABEL_SHIFT = "RLG012"
 GRAD_NOT_ZEROED = "RLG013"
 TRAINED_PARAMS_DRIFT = "RLG014"
 RELOAD_MISMATCH = "RLG015"
+PADDING_LEAK = "RLG016"
+STOP_TOKEN_UNTRAINED = "RLG017"
+TRAIN_MODE_SCORING = "RLG018"
+ROWS_OUT_OF_STEP = "RLG019"
 
 # rlguard's own codes, reported by the linter about its own work rather than about a trainer.
 PARSE_ERROR = "RLG900"

@@ -4,7 +4,10 @@
 counterpart and a note on suppression. Kept free of torch and libcst: only text.
 """
 
-from rlguard.catalog import GRAD_NOT_ZEROED, RELOAD_MISMATCH, TENSOR_CONTRACT, TRAINED_PARAMS_DRIFT
+from rlguard.catalog import (
+    ADVANTAGE_SIGN, DETACHED_TARGETS, GRAD_NOT_ZEROED, PADDING_LEAK, RELOAD_MISMATCH, ROWS_OUT_OF_STEP,
+    STOP_TOKEN_UNTRAINED, TENSOR_CONTRACT, TRAIN_MODE_SCORING, TRAINED_PARAMS_DRIFT,
+)
 
 PAGES: dict[str, str] = {
     TENSOR_CONTRACT: """
@@ -240,5 +243,50 @@ RUNTIME: dict[str, str] = {
         counters; and on the Guard's `check_every` cadence a float64 norm per frozen tensor, against the
         previous one (writes that bypass version counters: `.data`, fused kernels). See
         [docs/contracts.md](../contracts.md), "The guard".
+    """,
+    DETACHED_TARGETS: """
+        In the contracts: `NoGrad()` on old/reference log-probs, advantages and returns. In the preflight:
+        `targets_detached` calls the adapter's `old_log_probs`, `sampler_log_probs`, `advantages` (and
+        `ref_log_probs` / `returns` where it has them) with autograd on, as the trainer's own code runs, and
+        fails when one carries a graph (`requires_grad` or a `grad_fn`).
+    """,
+    ADVANTAGE_SIGN: """
+        During training the contracts see a sign that flips mid-run: `FollowsRewards(rewards=...)` on group
+        advantages (a higher reward never has a lower advantage within a group; every value-check call) and
+        `UpdateDirection(advantages=...)` on the current log-probs in the loss (under a `Guard`: the rows seen
+        before and after an optimizer step in one update must move with their advantages; verdict at the end of
+        each update). The preflight's `advantage_direction` correlates one real update's change of log pi with
+        the suite's own group-centred rewards.
+    """,
+    PADDING_LEAK: """
+        `@row_independent(ids=..., mask=..., pad_id=...)` on a scoring function re-scores one row of every 16th
+        call alone and with 8 more columns of padding (under `no_grad`, random generators forked, the result
+        dropped): the row's values must not move beyond a dtype-aware tolerance (float32: mean 1e-4 / max 1e-2;
+        half precision 0.05 / 1.0). Cost: two forwards of one row on one call in 16, 1.4% of a scoring call on the
+        benchmark model ([docs/benchmarks.md](../benchmarks.md)). The preflight's `padding_leak` scores the batch
+        in reverse order, its last row alone and with 8 more pad columns (0.02 s on the reference trainer).
+    """,
+    STOP_TOKEN_UNTRAINED: """
+        `StopTokenInMask(ids=..., stop_ids=...)` on the loss mask: each completion's first stop token (any of
+        the stop ids: EOS and whatever else generation stops on) is in the mask, whatever the pad token is (0.27
+        ms per call on a 8 x 256 batch). The preflight's `stop_token_trained` does the same with the policy's
+        ground truth and the adapter's `stop_token_ids`, drawing more batches (up to 8) until some completion has
+        a stop token, and says "not exercised" when none does.
+    """,
+    TRAIN_MODE_SCORING: """
+        The `Guard` puts a forward pre-hook on the reference (every forward) and on the policy (forwards with
+        autograd off: sampling, old log-probs) that finds every dropout module (and every float
+        `attention_dropout`-style rate) inactive, naming the one that is not: flags only, about 0.1 ms per
+        forward. `EvalMode()` does the same on a scoring function's model argument. The preflight's
+        `scoring_eval_mode` runs two scoring passes of the old policy and of the reference under different
+        random seeds, which must agree exactly (0.02 s on the reference trainer).
+    """,
+    ROWS_OUT_OF_STEP: """
+        `RowsInStep(key="ids")` on the fields of an episode, at the producer and at the loss, keeps each row's
+        exact hash from the batch's making to the end of the update that uses it (under a `Guard`; 0.25 ms per
+        checked call for two [8, 255] fields); `@permutation_invariant(group_size=...)` on a loss re-computes it
+        on a consistent permutation of the rows (groups kept together) every 16th call. The preflight's
+        `rows_in_step` permutes rows for the loss, the batch (`select_rows`) and pairs of rows for the trainer's
+        own `backward` (0.06 s on the reference trainer).
     """,
 }

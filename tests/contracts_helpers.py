@@ -15,7 +15,9 @@ from rlguard.contracts import (
     Advantages,
     Batch,
     DistinctReference,
+    EvalMode,
     Finite,
+    FollowsRewards,
     Frozen,
     GroupCentred,
     GroupRewards,
@@ -27,9 +29,13 @@ from rlguard.contracts import (
     NoGrad,
     Owner,
     Rewards,
+    RowsInStep,
     SamplerConsistent,
+    StopTokenInMask,
     TokenIds,
+    UpdateDirection,
     contract,
+    row_independent,
 )
 
 V, P, G, T = 32, 2, 4, 12
@@ -187,16 +193,20 @@ class HostSyncs:
 
 # -- a class-based GRPO trainer that keeps its tensors in dicts (TRL style), contracted with Batch specs --------
 
+IN_STEP = RowsInStep(key="input_ids")  # the fields of an episode keep its rows from the rollout to the loss
 ROLLOUT = Batch(
     input_ids=TokenIds,
     owner=Owner,
-    completion_mask=Annotated[ActionMask, MatchesOwner(owner="owner")],
-    sampler_logps=Annotated[LogProbs, NoGrad(), Finite()],
-    rewards=Annotated[Rewards, Finite()],
-    advantages=Annotated[Advantages, NoGrad(), Finite(), GroupCentred(group_size="self.args.num_generations")],
+    # the stop token first: a mask that drops it differs from the owner's too, and RLG017 is the cause
+    completion_mask=Annotated[ActionMask, StopTokenInMask(ids="input_ids", stop_ids="self.spec.stop_ids"),
+                              MatchesOwner(owner="owner"), IN_STEP],
+    sampler_logps=Annotated[LogProbs, NoGrad(), Finite(), IN_STEP],
+    rewards=Annotated[Rewards, Finite(), IN_STEP],
+    advantages=Annotated[Advantages, NoGrad(), Finite(), GroupCentred(group_size="self.args.num_generations"),
+                         FollowsRewards(rewards="rewards", group_size="self.args.num_generations"), IN_STEP],
     old_per_token_logps=Optional[Annotated[LogProbs, NoGrad(), Finite(),
-                                           Frozen(key="input_ids", mask="completion_mask")]],
-    ref_per_token_logps=Optional[Annotated[LogProbs, NoGrad(), Finite()]],
+                                           Frozen(key="input_ids", mask="completion_mask"), IN_STEP]],
+    ref_per_token_logps=Optional[Annotated[LogProbs, NoGrad(), Finite(), IN_STEP]],
 )
 
 
@@ -224,6 +234,12 @@ DICT_FAULTS = {  # fault -> the code its contract reports
     "label_shift": "RLG012",  # log-probs gathered at ids[:, t] from logits[:, t]
     "no_zero_grad": "RLG013",  # optimizer.zero_grad() skipped between steps
     "trains_frozen": "RLG014",  # the frozen position embedding made trainable and put in the optimizer
+    "pack_no_mask": "RLG016",  # rows packed into one sequence for the forward, no mask to keep them apart
+    "pad_is_eos": "RLG017",  # pad = eos and the completion mask drops pad ids: the EOS too
+    "ref_train_mode": "RLG018",  # the reference rebuilt from the config, left in train mode (dropout on)
+    "rows_out_of_step": "RLG019",  # microbatches length-sorted for the forward, advantages left unsorted
+    "sign_flip_mid_run": "RLG005",  # advantages negated from the second update on: a fault that starts mid-run
+    "surrogate_sign_mid_run": "RLG005",  # the surrogate's minus lost from the second update on
 }
 
 
@@ -234,13 +250,19 @@ class DictGRPOTrainer:
     def __init__(self, model: nn.Module, args: DictArgs, seed: int = 0) -> None:
         from rlguard.reference.task import TaskSpec, make_tasks
 
+        from rlguard.reference.model import TinyCausalLM
+
         self.model, self.args = model, args
         self.ref_model = model if args.fault == "ref_is_policy" else copy.deepcopy(model).eval().requires_grad_(False)
+        if args.fault == "ref_train_mode":  # rebuilt from the config: train mode, the config's dropout on
+            self.ref_model = TinyCausalLM(model.cfg)
+            self.ref_model.load_state_dict(model.state_dict())
+            self.ref_model.requires_grad_(False)
         if args.fault == "trains_frozen":
             model.requires_grad_(True)  # the fault: "unfreeze everything", the frozen position embedding too
         self.optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=args.learning_rate)
         self.generator = torch.Generator().manual_seed(seed)
-        self.spec = TaskSpec()
+        self.spec = TaskSpec(stop_token=True)
         self.tasks, _ = make_tasks(self.spec, n_train=32, n_heldout=0, seed=seed)
 
     @contract
@@ -252,8 +274,13 @@ class DictGRPOTrainer:
         return ((grouped - grouped.mean(1, keepdim=True)) / (grouped.std(1, keepdim=True) + 1e-4)).view(-1)
 
     @contract
-    def _get_per_token_logps(self, model: nn.Module, input_ids: TokenIds) -> Annotated[LogProbs, Finite()]:
-        logits = model(input_ids)
+    @row_independent(ids="input_ids", mask=None, every=4)
+    def _get_per_token_logps(self, model: Annotated[nn.Module, EvalMode(only_no_grad=True)],
+                             input_ids: TokenIds) -> Annotated[LogProbs, Finite()]:
+        if self.args.fault == "pack_no_mask":
+            logits = _packed_forward(model, input_ids)
+        else:
+            logits = model(input_ids)
         if self.args.fault == "label_shift":
             return torch.log_softmax(logits, -1).gather(-1, input_ids[..., None]).squeeze(-1)  # noqa: RLG012 - the label_shift fault, injected on purpose
         return torch.log_softmax(logits[:, :-1], -1).gather(-1, input_ids[:, 1:, None]).squeeze(-1)
@@ -270,9 +297,15 @@ class DictGRPOTrainer:
         batch = collate(episodes, self.args.num_generations)
         owner = batch["owner"]
         shift = owner[:, :-1] if self.args.fault == "mask_shift" else owner[:, 1:]
-        inputs = {"input_ids": batch["ids"], "owner": owner, "completion_mask": (shift == PLAYER).float(),
+        completion_mask = (shift == PLAYER).float()
+        if self.args.fault == "pad_is_eos":  # the tokenizer's pad token set to its EOS: ids != pad drops the EOS
+            completion_mask = completion_mask * (batch["ids"][:, 1:] != self.spec.eos_token())
+        inputs = {"input_ids": batch["ids"], "owner": owner, "completion_mask": completion_mask,
                   "sampler_logps": batch["sampler_logp"], "rewards": batch["rewards"]}
         inputs["advantages"] = self._compute_advantages(inputs["rewards"])
+        self.rollouts = getattr(self, "rollouts", 0) + 1
+        if self.args.fault == "sign_flip_mid_run" and self.rollouts > 1:
+            inputs["advantages"] = -inputs["advantages"]
         grad = torch.enable_grad() if self.args.fault == "old_logp_with_grad" else torch.no_grad()
         with grad:
             inputs["old_per_token_logps"] = self._get_per_token_logps(self.model, inputs["input_ids"])
@@ -282,18 +315,23 @@ class DictGRPOTrainer:
 
     @contract
     def _loss(self, per_token_logps: Annotated[LogProbs, SamplerConsistent(sampler="inputs.sampler_logps",
-                                                                           mask="inputs.completion_mask")],
+                                                                           mask="inputs.completion_mask"),
+                                               UpdateDirection(advantages="inputs.advantages",
+                                                               mask="inputs.completion_mask", key="inputs.input_ids")],
               inputs: Annotated[dict, Batch(
-                  completion_mask=ActionMask, advantages=Annotated[Advantages, NoGrad()],
+                  input_ids=TokenIds,
+                  completion_mask=Annotated[ActionMask, IN_STEP], advantages=Annotated[Advantages, NoGrad(), IN_STEP],
                   old_per_token_logps=Annotated[LogProbs, NoGrad(), Frozen(current="per_token_logps",
-                                                                           mask="completion_mask")],
-                  ref_per_token_logps=Annotated[LogProbs, NoGrad()])],
+                                                                           mask="completion_mask"), IN_STEP],
+                  ref_per_token_logps=Annotated[LogProbs, NoGrad(), IN_STEP])],
               num_items: torch.Tensor) -> Annotated[Loss, Finite()]:
         mask = inputs["completion_mask"]
         coef_1 = torch.exp(per_token_logps - inputs["old_per_token_logps"])
         coef_2 = torch.clamp(coef_1, 1 - self.args.epsilon, 1 + self.args.epsilon)
         adv = inputs["advantages"][:, None]
         per_token = -torch.min(coef_1 * adv, coef_2 * adv)
+        if self.args.fault == "surrogate_sign_mid_run" and self.rollouts > 1:
+            per_token = torch.min(coef_1 * adv, coef_2 * adv)  # noqa: RLG005 - the surrogate_sign_mid_run fault, injected on purpose
         d = inputs["ref_per_token_logps"] - per_token_logps
         per_token = per_token + self.args.beta * (torch.exp(d) - d - 1)
         return (per_token * mask).sum() / num_items
@@ -309,6 +347,9 @@ class DictGRPOTrainer:
                     num_items = inputs["completion_mask"][rows].sum().clamp(min=1)
                     for micro in rows.chunk(self.args.gradient_accumulation_steps):
                         sub = {k: v[micro] for k, v in inputs.items()}
+                        if self.args.fault == "rows_out_of_step":  # sorted for the forward, advantages not
+                            order = micro[inputs["completion_mask"][micro].sum(-1).argsort(stable=True)]
+                            sub = {k: (v if k == "advantages" else inputs[k][order]) for k, v in sub.items()}
                         if self.args.fault == "stale_old_logp":
                             with torch.no_grad():
                                 sub["old_per_token_logps"] = self._get_per_token_logps(self.model, sub["input_ids"])  # noqa: RLG002 - the stale_old_logp fault, injected on purpose
@@ -328,10 +369,26 @@ class DictGRPOTrainer:
                 g.close()
 
 
+def _packed_forward(model: nn.Module, input_ids: torch.Tensor) -> torch.Tensor:
+    """The pack_no_mask fault: the rows' tokens in one sequence, positions restarting per row, no block mask."""
+    from rlguard.reference.task import PAD
+
+    keep = input_ids != PAD
+    lengths = keep.sum(-1)
+    position_ids = torch.cat([torch.arange(int(n)) for n in lengths])[None]
+    logits = model(input_ids[keep][None], position_ids=position_ids)
+    out = logits.new_zeros(*input_ids.shape, logits.shape[-1])
+    out[keep] = logits[0]
+    return out
+
+
 def dict_trainer(seed: int = 0, **args) -> DictGRPOTrainer:
-    from rlguard.reference.model import ModelConfig, build_model
+    from rlguard.reference.model import ModelConfig, build_model, disable_dropout
     from rlguard.reference.task import TaskSpec
 
-    model = build_model(ModelConfig(vocab_size=TaskSpec().vocab_size, d_model=32, n_layers=1), seed=seed)
+    # dropout modules in the model, disabled in the policy (as TRL does): a reference rebuilt from the config has
+    # them on (the ref_train_mode fault)
+    cfg = ModelConfig(vocab_size=TaskSpec(stop_token=True).vocab_size, d_model=32, n_layers=1, dropout=0.1)
+    model = disable_dropout(build_model(cfg, seed=seed))
     model.pos_emb.requires_grad_(False)
     return DictGRPOTrainer(model, replace(DictArgs(), **args), seed=seed)

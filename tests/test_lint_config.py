@@ -43,7 +43,8 @@ def codes(out: str) -> list[str]:
 def test_selectors_codes_prefixes_all():
     assert resolve_selectors(["RLG004"], "x") == {"RLG004"}
     assert resolve_selectors(["rlg00"], "x") == {f"RLG00{i}" for i in range(10)}
-    assert resolve_selectors(["RLG01"], "x") == {"RLG010", "RLG011", "RLG012", "RLG013", "RLG014", "RLG015"}
+    assert resolve_selectors(["RLG01"], "x") == {"RLG010", "RLG011", "RLG012", "RLG013", "RLG014", "RLG015",
+                                                   "RLG016", "RLG017", "RLG018", "RLG019"}
     assert "RLG900" in resolve_selectors(["ALL"], "x")
     with pytest.raises(ConfigError, match="'RLG2'"):
         resolve_selectors(["RLG2"], "here")

@@ -214,3 +214,73 @@ def test_grads_zeroed_tells_a_nondeterministic_update_from_stale_gradients():
     assert "not deterministic across calls" in result.hint and "not a zero_grad problem" in result.hint
     healthy = run_suite(TRLStyleAdapter(), only=["grads_zeroed"]).checks[0]
     assert healthy.passed and healthy.value == 0
+
+
+def test_old_log_probs_with_autograd_fail_targets_detached():
+    """RLG003: a trainer whose old log-probs are scored with autograd on (outside no_grad)."""
+    from trl_style_grpo import TRLStyleAdapter
+
+    class OldWithGrad(TRLStyleAdapter):
+        def old_log_probs(self, model, batch):
+            return self._trainer(model)._get_per_token_logps(model, batch["input_ids"])  # no torch.no_grad()
+
+    report = run_suite(OldWithGrad(), only=["targets_detached"])
+    (check,) = report.checks
+    assert report.failed == ["targets_detached"] and check.code == "RLG003"
+    assert "old_log_probs(model, batch)" in check.hint and "torch.no_grad()" in check.hint
+    assert run_suite(TRLStyleAdapter(), only=["targets_detached"]).passed
+
+
+def test_a_check_that_raises_is_an_rlguard_error_not_a_finding(tmp_path, capsys):
+    from trl_style_grpo import TRLStyleAdapter
+
+    class Raises(TRLStyleAdapter):
+        def advantages(self, batch):
+            raise RuntimeError("Trying to backward through the graph a second time")
+
+    report = run_suite(Raises(), only=["group_mean", "mask_policy"])
+    (error, ok) = sorted(report.checks, key=lambda c: c.name)
+    assert error.error and error.code is None and not error.passed and ok.passed
+    assert report.failed == [] and report.errors == ["group_mean"]
+    assert "rlguard error: the check raised RuntimeError: Trying to backward" in error.hint
+    assert "test_preflight.py" in error.hint  # where it broke
+    assert "ERROR" in table(report) and "could not run (rlguard errors, not findings)" in table(report)
+    assert [c.get("error", False) for c in report.to_dict()["checks"]] == [False, True]  # mask_policy, group_mean
+    module = tmp_path / "raising_adapter.py"
+    module.write_text("from trl_style_grpo import TRLStyleAdapter\n\n"
+                      "class Adapter(TRLStyleAdapter):\n"
+                      "    def advantages(self, batch):\n"
+                      "        raise RuntimeError('boom')\n\nadapter = Adapter()\n")
+    sys.path.insert(0, str(tmp_path))
+    try:
+        assert check_main(["raising_adapter:adapter", "-q", "--only", "group_mean"]) == 2
+    finally:
+        sys.path.remove(str(tmp_path))
+    assert "group_mean: rlguard error: the check raised RuntimeError: boom" in capsys.readouterr().err
+
+
+def test_checks_draw_more_batches_until_their_precondition_is_met():
+    from trl_style_grpo import TRLStyleAdapter
+
+    class FlatFirstBatch(TRLStyleAdapter):
+        def make_batch(self, model, seed):
+            batch = super().make_batch(model, seed)
+            if seed == 0:  # every group of the first batch has equal rewards: no direction to measure
+                batch["rewards"] = torch.zeros_like(batch["rewards"])
+                batch["advantages"] = torch.zeros_like(batch["advantages"])
+                ids = batch["input_ids"]
+                batch["input_ids"] = torch.where(ids == self.spec.eos_token(), torch.full_like(ids, 2), ids)
+            return batch
+
+    adapter = FlatFirstBatch()
+    report = run_suite(adapter, only=["advantage_direction", "group_mean"])
+    direction = next(c for c in report.checks if c.name == "advantage_direction")
+    assert direction.passed and not direction.skipped and direction.seed == 1
+    assert "seed 1" in direction.hint and "batches: the first for every check but advantage_direction (seed 1)" \
+        in table(report)
+    # no completion of the first batch ends in EOS: the stop-token check takes the next batch
+    (stop,) = run_suite(adapter, only=["stop_token_trained"]).checks
+    assert stop.passed and not stop.skipped and stop.seed == 1, stop
+    adapter.stop_token_ids = (10_000,)  # never written: not exercised, with the seeds tried
+    (never,) = run_suite(adapter, only=["stop_token_trained"]).checks
+    assert never.skipped and "not exercised" in never.hint and "seeds 0-7" in never.hint

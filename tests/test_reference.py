@@ -157,11 +157,12 @@ def test_config_options_run():
 
 
 def test_fault_registry():
-    assert len(FAULTS) == 12
+    assert len(FAULTS) == 16
     chapter = {"mask_shift", "stale_old_logp", "entropy_sign", "sign_flip", "accum_local", "sampler_temp",
                "ref_is_policy"}
     assert chapter <= set(FAULTS)
-    assert {f.code for f in FAULTS.values()} >= {"RLG009", "RLG011", "RLG012", "RLG013", "RLG014"}
+    assert {f.code for f in FAULTS.values()} >= {"RLG009", "RLG011", "RLG012", "RLG013", "RLG014", "RLG016",
+                                                 "RLG017", "RLG018", "RLG019"}
     fields = {f.name for f in dataclasses.fields(Parts)}
     for fault in FAULTS.values():
         assert fault.code in CODES

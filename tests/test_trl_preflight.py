@@ -81,12 +81,21 @@ def test_seeded_fault_fails_its_check_with_its_code(fault):
 
 def test_faults_fail_only_their_own_check_where_nothing_else_depends_on_them():
     """Faults that touch one quantity fail one check; the shifted mask also moves what the loss scores."""
+    # faults whose consequences other checks measure too, each for a reason of its own:
+    also = {
+        # TRL's completion mask is the forward's attention mask too: the EOS hidden from it moves the log-probs
+        "pad_is_eos": {"labels_shifted", "sampler_logp", "accumulation"},
+        # every forward in train mode is a dropout sample: any two passes the suite compares differ
+        "attention_dropout": {"labels_shifted", "sampler_logp", "ratio_one", "accumulation", "reload"},
+        # the accumulated gradient pairs the micro-batches' rows with other advantages too
+        "rows_sorted_for_loss": {"accumulation"},
+    }
     for name, seeded in h.fault_classes().items():
         failed = preflight(seeded.faulty_trainer()).failed
         if name == "mask_shift":
             assert failed[0] == "mask_policy", failed
         else:
-            assert failed == [seeded.check], (name, failed)
+            assert set(failed) == {seeded.check} | also.get(name, set()), (name, failed)
 
 
 def test_preflight_leaves_the_trainer_as_it_was():

@@ -161,7 +161,51 @@ def fault_classes():
                 inputs = {**inputs, "old_per_token_logps": logps}
             return inputs
 
+    class PadIsEos(GRPOTrainer):
+        """RLG017: the pad token set to the EOS token, and a completion mask rebuilt as ids != pad_token_id."""
+
+        def _generate_and_score_completions(self, inputs):
+            out = super()._generate_and_score_completions(inputs)
+            pad_id = self._tokenizer.eos_token_id  # tokenizer.pad_token = tokenizer.eos_token
+            ids = out["completion_ids"]
+            ids = torch.where(out["completion_mask"].bool(), ids, torch.full_like(ids, pad_id))
+            out["completion_ids"], out["completion_mask"] = ids, (ids != pad_id).int()
+            return out
+
+    class AttentionDropout(GRPOTrainer):
+        """RLG018: a model whose config has attention dropout (Llama applies it functionally while training, so
+        ``disable_dropout``, which zeroes nn.Dropout modules, leaves it on): TRL scores the old log-probs in the
+        trainer's train mode."""
+
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            for module in self.model.modules():
+                if isinstance(getattr(module, "attention_dropout", None), float):
+                    module.attention_dropout = 0.5
+
+    class NoAttentionMask(GRPOTrainer):
+        """RLG016: the log-prob forward without the attention mask (left-padded prompts attended as tokens)."""
+
+        def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, *args, **kwargs):
+            return super()._get_per_token_logps_and_entropies(model, input_ids, torch.ones_like(attention_mask),
+                                                              *args, **kwargs)
+
+    class RowsSortedForTheLoss(GRPOTrainer):
+        """RLG019: the loss's rows sorted by completion length, the advantages left in the batch's order."""
+
+        def _compute_loss(self, model, inputs):
+            n = inputs["completion_mask"].shape[0]
+            order = inputs["completion_mask"].sum(-1).argsort(stable=True)
+            inputs = {k: v[order] if torch.is_tensor(v) and v.dim() >= 1 and v.shape[0] == n and k != "advantages"
+                      else v for k, v in inputs.items()}
+            return super()._compute_loss(model, inputs)
+
     return {
+        "pad_is_eos": Fault(PadIsEos, {}, "stop_token_trained", BY_NAME["stop-token-untrained"].code),
+        "attention_dropout": Fault(AttentionDropout, {"num_iterations": 2, "disable_dropout": True},
+                                   "scoring_eval_mode", BY_NAME["train-mode-scoring"].code),
+        "no_attention_mask": Fault(NoAttentionMask, {}, "padding_leak", BY_NAME["padding-leak"].code),
+        "rows_sorted_for_loss": Fault(RowsSortedForTheLoss, {}, "rows_in_step", BY_NAME["rows-out-of-step"].code),
         "mask_shift": Fault(ShiftedCompletionMask, {}, "mask_policy", BY_NAME["mask-not-shifted"].code),
         "sign_flip": Fault(NegatedAdvantages, {}, "advantage_direction", BY_NAME["advantage-sign"].code),
         "ref_is_policy": Fault(ReferenceIsPolicy, {"beta": 0.1}, "kl_positive", BY_NAME["reference-alias"].code),

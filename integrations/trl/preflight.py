@@ -44,6 +44,7 @@ from trl import GRPOTrainer
 from trl.trainer import utils as trl_utils
 
 from rlguard.integrations.trl._version import unsupported_peft
+from rlguard.preflight.adapter import TrainerFault
 
 _MISSING = object()
 # Trainer attributes a call may set; restored afterwards.
@@ -53,6 +54,10 @@ _BOUND = ("model", "model_wrapped", "ref_model", "optimizer", "_step", "_buffere
 
 class TRLPreflightError(ValueError):
     """The trainer's configuration is one the TRL preflight does not support (it says which and why)."""
+
+
+class TRLTrainerFault(TRLPreflightError, TrainerFault):
+    """The trainer does something wrong that stops a check (reported as that check's failure)."""
 
 
 class PeftReference:
@@ -201,6 +206,14 @@ class GRPOAdapter:
         self.peft = is_peft_model(trainer.model)
         if self.peft:  # the frozen_params check's intended set: the adapter's parameters, not requires_grad
             self.trainable_names = adapter_parameter_names
+        # what generation stops on and TRL's completion mask is cut at (the tokenizer's EOS and the generation
+        # config's): stop_token_trained checks the first one of each completion is trained
+        self.stop_token_ids = tuple(int(i) for i in getattr(trainer, "eos_token_ids", None)
+                                    or [trainer._tokenizer.eos_token_id] if i is not None)
+
+    # TRL's training_step accumulates whole generation batches in its own shuffled order: rows_in_step's
+    # backward over pairs of rows has nothing to reorder (its loss and batch permutations still run)
+    whole_batch_backward = True
 
     def _peft_base_path(self) -> str | None:
         model = self.trainer.model
@@ -278,7 +291,7 @@ class GRPOAdapter:
         own = {id(p) for p in model.parameters()}
         foreign = sum(id(p) not in own for group in optimizer.param_groups for p in group["params"])
         if foreign:
-            raise TRLPreflightError(
+            raise TRLTrainerFault(
                 f"the trainer's optimizer holds {foreign} parameter(s) that are not the policy's (the reference's? "
                 "see RLG008): optimizer.step() would train them; build it over model.parameters() only")
         return optimizer
@@ -378,7 +391,7 @@ class GRPOAdapter:
     def old_log_probs(self, model, batch):
         old = batch.inputs.get("old_per_token_logps")
         if old is None:  # TRL then uses the current log-probs, detached (fully on-policy)
-            return self.log_probs(model, batch)
+            return self.log_probs(model, batch).detach()
         return self._per_token(batch, old.float())
 
     def logits(self, model, batch):
@@ -398,6 +411,39 @@ class GRPOAdapter:
                 inputs[key] = F.pad(value, (0, extra), value=fill.get(key, 0))
         return replace(batch, inputs=inputs, generated=F.pad(batch.generated, (0, extra), value=False),
                        sampler_logps=F.pad(batch.sampler_logps, (0, extra), value=0.0))
+
+    def pad_prompts(self, batch, extra):
+        """The batch with ``extra`` more columns of prompt padding where TRL puts it: on the left."""
+        inputs = dict(batch.inputs)
+        inputs["prompt_ids"] = F.pad(inputs["prompt_ids"], (extra, 0), value=self.pad_id)
+        inputs["prompt_mask"] = F.pad(inputs["prompt_mask"], (extra, 0), value=0)
+        return replace(batch, inputs=inputs, generate_output=None)
+
+    def select_rows(self, batch, rows):
+        """The batch restricted to ``rows`` (padding_leak's neighbours, rows_in_step's permutation)."""
+        rows = torch.as_tensor(rows)
+        inputs = self._rows(batch, rows)
+        inputs.pop("num_items_in_batch", None)
+        # padded as TRL pads a batch of these rows alone: the prompts' left padding only as wide as they need
+        keep = inputs["prompt_mask"].bool().any(0)
+        first = int(keep.int().argmax()) if keep.any() else 0
+        inputs["prompt_ids"], inputs["prompt_mask"] = inputs["prompt_ids"][:, first:], inputs["prompt_mask"][:, first:]
+        return replace(batch, inputs=inputs, rewards=batch.rewards[rows], generated=batch.generated[rows],
+                       sampler_logps=batch.sampler_logps[rows], prompt_rows=[batch.prompt_rows[i] for i in rows],
+                       generate_output=None,  # a generation replay is of the whole batch only
+                       rewards_per_func=None if batch.rewards_per_func is None else batch.rewards_per_func[rows])
+
+    def scoring_passes(self, model, batch) -> dict:
+        """TRL's own scoring of the batch as training runs it: ``_generate_and_score_completions`` again, its
+        generation and rewards replayed, the model in train mode as ``Trainer.train`` leaves it -> the old and
+        reference log-probs it computes (those it computes: none when it needs no old log-probs and beta is 0)."""
+        if batch.generate_output is None or batch.rewards_per_func is None:
+            return {}
+        with self._bound(model, self.make_reference(model)) as t, torch.no_grad(), _replaying(t, batch):
+            model.train()
+            out = t._generate_and_score_completions([dict(r) for r in batch.prompt_rows])
+        return {f"TRL's {key}": out[key].float() for key in ("old_per_token_logps", "ref_per_token_logps")
+                if torch.is_tensor(out.get(key))}
 
     def _reference_pass(self, ref: PeftReference, batch: GenerationBatch) -> dict:
         """TRL's own reference pass of a PEFT policy over ``batch``: ``_generate_and_score_completions`` on

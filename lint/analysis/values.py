@@ -242,6 +242,10 @@ class Trace(Generic[V]):
             result = facet.aug(self, prev, d.op, self.value(d.value, frame), d)
             self._memo[memo_key] = result
             return result
+        if d.kind == "comp" and frame is not None and d.scope is frame.func:
+            bound = frame.binding(d.key)  # `{k: f(v) for k, v in src.items()}['k']`: `v` is `src['k']`
+            if bound is not None:
+                return self.bound(bound)
         if d.kind in ("for", "comp"):
             iterable = self.value(d.value, frame)
             return facet.iterate(self, iterable, d)

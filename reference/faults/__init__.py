@@ -2,7 +2,7 @@
 
 ``FAULTS[name]`` -> :class:`Fault` (catalog code, description, the part it swaps, the faulty function, the
 module's source path for the linter, and the preflight check expected to catch it). The first seven are the
-debugging chapter's injected bugs; the rest cover RLG009, RLG011, RLG012, RLG013 and RLG014.
+debugging chapter's injected bugs; the rest cover RLG009, RLG011, RLG012, RLG013, RLG014 and RLG016-RLG019.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Callable
 from rlguard.catalog import (
     ACCUMULATION_SCALE, ADVANTAGE_SIGN, ENTROPY_BONUS_SIGN, GRAD_NOT_ZEROED, GROUP_BASELINE, KL_SIGN,
-    LOGITS_LABEL_SHIFT, MASK_NOT_SHIFTED, OLD_LOGP_RECOMPUTED, REFERENCE_ALIAS, SAMPLER_TRAINER_MISMATCH,
-    TRAINED_PARAMS_DRIFT,
+    LOGITS_LABEL_SHIFT, MASK_NOT_SHIFTED, OLD_LOGP_RECOMPUTED, PADDING_LEAK, REFERENCE_ALIAS, ROWS_OUT_OF_STEP,
+    SAMPLER_TRAINER_MISMATCH, STOP_TOKEN_UNTRAINED, TRAIN_MODE_SCORING, TRAINED_PARAMS_DRIFT,
 )
 
 HERE = Path(__file__).resolve().parent
@@ -63,6 +63,14 @@ _FAULTS = [
     Fault("no_zero_grad", GRAD_NOT_ZEROED, "optimizer.step() in the loop with no zero_grad", "update", "grads_zeroed"),
     Fault("trains_frozen", TRAINED_PARAMS_DRIFT, "the frozen position embedding is unfrozen and put in the optimizer",
           "make_optimizer", "frozen_params", statically_visible=False),
+    Fault("pack_no_mask", PADDING_LEAK, "rows packed into one sequence for the forward, the mask that keeps them apart "
+          "built but not passed", "forward", "padding_leak"),
+    Fault("pad_is_eos", STOP_TOKEN_UNTRAINED, "pad token = EOS token and the loss mask drops pad ids: the EOS too",
+          "build_action_mask", "stop_token_trained"),
+    Fault("ref_train_mode", TRAIN_MODE_SCORING, "the reference rebuilt from the config and left in train mode "
+          "(dropout on)", "make_reference", "scoring_eval_mode"),
+    Fault("rows_out_of_step", ROWS_OUT_OF_STEP, "microbatches length-sorted, advantages taken in the unsorted order",
+          "minibatch_backward", "rows_in_step"),
 ]
 
 FAULTS: dict[str, Fault] = {f.name: f for f in _FAULTS}

@@ -7,6 +7,6 @@ each policy token (the environment's next token) and drops the first token of ea
 from rlguard.reference.task import POLICY
 
 
-def build_action_mask(owner):
+def build_action_mask(owner, ids=None):
     action_mask = (owner[:, :-1] == POLICY).float()
     return action_mask

@@ -1,0 +1,368 @@
+"""Padding: pad-id masks, attention masks, pad = EOS, and the model forwards that read token ids.
+
+Facts shared by the rules about padded batches (RLG016, RLG017):
+
+- :func:`pad_comparison`: ``ids != pad_id``, ``ids.ne(pad)``, ``torch.ne(ids, tokenizer.pad_token_id)``: the
+  compared tensor and the pad id (a value named for the pad, by its variable or attribute: ``pad_id``, ``PAD``,
+  ``tokenizer.pad_token_id``; a comparison with an unnamed constant says nothing about padding);
+- :func:`eos_valued`: whether a value is the EOS token (id): ``tokenizer.eos_token_id``, ``EOS``, a call of an
+  ``eos_token()`` method, a config field set from one (``cfg = Config(pad_token_id=tok.eos_token_id)`` makes
+  ``cfg.pad_token_id`` the EOS id), through names and helpers; and :func:`pad_set_to_eos`, the statements of the
+  module that make the tokenizer's pad token its EOS token (``tokenizer.pad_token = tokenizer.eos_token``,
+  ``tok.pad_token_id = tok.eos_token_id``, ``add_special_tokens({"pad_token": tok.eos_token})``), after which a
+  ``.pad_token_id`` read anywhere in the module is the EOS id;
+- :func:`model_forward_ids`: the token ids a model forward reads (``model(ids)``, ``model(input_ids=ids)``,
+  ``model.forward(ids)``; not ``generate``), for a callee that is a model by the provenance facet;
+- :func:`attention_masks`: the attention masks a function builds for a tensor of token ids: a pad comparison of
+  it, the ``attention_mask`` entry of the batch its ``input_ids`` come from, a pairwise block mask of packed rows
+  (``seg[:, None] == seg[None, :]``), or a local named as an attention mask computed from the same data;
+- :func:`pad_labels_ignored`: labels whose pad ids are replaced by the ignore index (``labels[labels == pad] =
+  -100``, ``masked_fill``, ``torch.where``, ``t if t != pad else IGNORE_INDEX``).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import libcst as cst
+
+from rlguard.lint.analysis import semantics as S
+from rlguard.lint.analysis.depends import resolve, same_value, share_data, strip_casts
+from rlguard.lint.analysis.index import Def, dotted_name, key_of
+from rlguard.lint.analysis.provenance import forwards, models
+from rlguard.lint.analysis.uses import CARRY_METHODS
+from rlguard.lint.analysis.values import Facet, Trace
+
+if TYPE_CHECKING:
+    from rlguard.lint.analysis import Analysis
+
+PAD_NAME = re.compile(r"(?i)(\w+_)?pad(ding)?(_token)?(_ids?|_idx|_index|_value|_val|_tok)?")
+EOS_NAME = re.compile(r"(?i)(\w+_)?(eos|eot)(_token)?(_ids?|_idx|_index|_tok)?")
+PAD_ATTRS = frozenset({"pad_token_id", "pad_token", "pad_id", "pad_idx", "pad_index"})
+EOS_ATTRS = frozenset({"eos_token_id", "eos_token", "eos_id", "eos_idx", "eot_id", "eot_token_id", "eos_index"})
+EOS_CALL = re.compile(r"(?i)(get_)?(eos|eot)(_token)?(_ids?)?")
+ATTENTION_MASK_NAME = re.compile(r"(?i)(\w+_)?(attention|attn)_?masks?")
+# Keywords of a forward that carry the row layout in place of an attention mask (varlen/packed kernels).
+LAYOUT_KEYWORDS = frozenset({"cu_seqlens", "cu_seq_lens", "cu_seqlens_q", "cu_seqlens_k", "cu_seq_lens_q",
+                             "cu_seq_lens_k", "packed_seq_params", "seq_lens", "seqlens", "seq_lengths",
+                             "max_seqlen", "attention_bias", "attn_bias", "segment_ids", "sequence_ids",
+                             "document_ids", "block_mask"})
+_ALL_ONES = frozenset({"torch.ones", "torch.ones_like", "torch.full", "torch.full_like", "numpy.ones",
+                       "numpy.ones_like"})
+
+
+# ----- pad ids, EOS ids ----------------------------------------------------------------------------------------
+def is_pad_named(expr: cst.BaseExpression | None) -> bool:
+    """``pad_id``, ``PAD``, ``tokenizer.pad_token_id``, ``self.pad_idx``: a value named for the pad token."""
+    name = dotted_name(expr) if expr is not None else None
+    if name is None:
+        return False
+    last = name.rsplit(".", 1)[-1]
+    return last in PAD_ATTRS or PAD_NAME.fullmatch(last) is not None
+
+
+def pad_comparison(a: "Analysis", expr: cst.BaseExpression) -> tuple[cst.BaseExpression, cst.BaseExpression] | None:
+    """``(ids, pad)`` for ``ids != pad`` / ``ids.ne(pad)`` / ``torch.ne(ids, pad)`` (casts around it looked
+    through) where ``pad`` is named for the pad token; None otherwise."""
+    while isinstance(expr, cst.Call) and a.method(expr) in CARRY_METHODS and S.receiver(expr) is not None:
+        expr = S.receiver(expr)
+    pair = None
+    if isinstance(expr, cst.Comparison) and len(expr.comparisons) == 1 and isinstance(
+            expr.comparisons[0].operator, cst.NotEqual):
+        pair = (expr.left, expr.comparisons[0].comparator)
+    elif isinstance(expr, cst.Call):
+        name = a.call_name(expr) or ""
+        if a.method(expr) in ("ne", "not_equal") and S.receiver(expr) is not None and len(expr.args) == 1:
+            pair = (S.receiver(expr), expr.args[0].value)
+        elif name in ("torch.ne", "torch.not_equal") and len(expr.args) == 2:
+            pair = (expr.args[0].value, expr.args[1].value)
+    if pair is None:
+        return None
+    x, p = pair
+    if is_pad_named(strip_casts(a, p)):
+        return x, p
+    if is_pad_named(strip_casts(a, x)):
+        return p, x
+    return None
+
+
+class EosFacet(Facet):
+    """True when a value is the EOS token or its id; ``unknown`` (None) otherwise."""
+
+    unknown = None
+
+    def __init__(self, a: "Analysis"):
+        self.a = a
+
+    def join(self, values):
+        return True if values and all(v is True for v in values) else None
+
+    def node(self, trace, expr, frame):
+        if isinstance(expr, cst.Attribute) and expr.attr.value in EOS_ATTRS:
+            return True
+        if isinstance(expr, cst.Name) and EOS_NAME.fullmatch(expr.value):
+            return True
+        if isinstance(expr, cst.Call):
+            last = S.called_name(expr) or ""
+            if EOS_CALL.fullmatch(last) and self.a.callee(expr) is None:
+                return True
+            if last in ("int", "item") and self.a.callee(expr) is None:
+                inner = expr.args[0].value if last == "int" and expr.args else S.receiver(expr)
+                return trace.value(inner, frame) if inner is not None else None
+        return None
+
+
+def _eos_trace(a: "Analysis") -> Trace:
+    return a.facet("eos", lambda an: Trace(an, EosFacet(an), budget=4000))
+
+
+@dataclass(frozen=True)
+class PadSetting:
+    """A statement that sets a pad token (``node``), to the EOS token (``eos`` True) or to something else."""
+
+    node: cst.CSTNode
+    eos: bool
+
+
+def pad_settings(a: "Analysis") -> list[PadSetting]:
+    """The module's statements that set a tokenizer's (or a config's) pad token: ``x.pad_token = ...``,
+    ``x.pad_token_id = ...``, ``x.add_special_tokens({"pad_token": ...})``, ``Config(..., pad_token_id=...)``."""
+    def build(an):
+        eos = _eos_trace(an)
+        found = []
+        for stmt in an.nodes(cst.Assign):
+            for target in stmt.targets:
+                if isinstance(target.target, cst.Attribute) and target.target.attr.value in PAD_ATTRS:
+                    found.append(PadSetting(stmt, eos.value(stmt.value) is True))
+        for call in an.nodes(cst.Call):
+            if an.method(call) == "add_special_tokens" and call.args and isinstance(call.args[0].value, cst.Dict):
+                for el in call.args[0].value.elements:
+                    if isinstance(el, cst.DictElement) and isinstance(el.key, cst.SimpleString) and \
+                            el.key.evaluated_value == "pad_token":
+                        found.append(PadSetting(call, eos.value(el.value) is True))
+            for arg in call.args:
+                if arg.keyword is not None and arg.keyword.value in ("pad_token", "pad_token_id") and \
+                        S.called_name(call) not in ("generate", "pad", "decode", "batch_decode"):
+                    found.append(PadSetting(call, eos.value(arg.value) is True))
+        return found
+    return a.facet("pad_settings", build)
+
+
+def pad_set_to_eos(a: "Analysis") -> list[cst.CSTNode]:
+    """The statements that set the pad token to the EOS token, when every pad setting of the module does (a module
+    that also sets another pad token leaves the pad's value open)."""
+    settings = pad_settings(a)
+    if not settings or not all(s.eos for s in settings):
+        return []
+    return [s.node for s in settings]
+
+
+def eos_valued(a: "Analysis", expr: cst.BaseExpression) -> bool:
+    """Whether ``expr`` is the EOS id: by its value (through names, config fields, helpers), or as a tokenizer's
+    ``.pad_token_id`` in a module that sets the pad token to the EOS token."""
+    if _eos_trace(a).value(expr) is True:
+        return True
+    stripped = strip_casts(a, expr)
+    if isinstance(stripped, cst.Attribute) and stripped.attr.value in PAD_ATTRS and pad_set_to_eos(a):
+        return True
+    return False
+
+
+# ----- forwards and their attention masks ------------------------------------------------------------------------
+def model_forward_ids(a: "Analysis", call: cst.Call) -> cst.BaseExpression | None:
+    """The token ids of a model forward (``model(ids)``, ``self.policy(input_ids=ids)``, ``model.forward(ids)``), or
+    None when ``call`` is no model forward (``generate``, a method of a model that is not its forward, a helper)."""
+    func = call.func
+    if isinstance(func, cst.Attribute) and func.attr.value in ("forward", "__call__"):
+        target = func.value
+    elif isinstance(func, (cst.Name, cst.Attribute)):
+        target = func
+        if isinstance(func, cst.Attribute) and (func.attr.value in S.NON_FORWARD_METHODS or
+                                                func.attr.value in S.SAME_VALUE_METHODS):
+            return None
+    else:
+        return None
+    callee = a.callee(call)
+    if callee is not None and callee.name.value not in ("forward", "__call__"):
+        return None
+    if models(a).model(target) is None:
+        return None
+    ids = S.argument(call, 0, "input_ids")
+    if ids is None or forwards(a, ids):
+        return None  # hidden states or logits of another forward (a value head on them): no token ids
+    return ids
+
+
+@dataclass(frozen=True)
+class MaskCandidate:
+    """An attention mask a function builds: bound by ``d``; ``kind`` says how it is one (``pad``: a pad comparison
+    of the forward's ids; ``batch``: the ``attention_mask`` entry of the batch the ids come from; ``block``: a
+    pairwise mask of packed rows; ``named``: a local so named, computed from the ids' data)."""
+
+    d: Def
+    kind: str
+
+
+def attention_masks(a: "Analysis", ids: cst.BaseExpression) -> list[MaskCandidate]:
+    """The attention masks built in ``ids``' function, before it, for the tensor ``ids`` (see the module's
+    docstring). A mask of all ones (``torch.ones_like(ids)``) says there is no padding and is left out."""
+    func = a.index.function_scope(ids).node
+    scope = a.index.scopes.get(id(func))
+    if scope is None:
+        return []
+    order = a.index.order[id(ids)]
+    found = []
+    for key, defs in scope.defs.items():
+        if "." in key or "[" in key:
+            continue
+        for d in defs:
+            if d.kind != "assign" or d.element is not None or d.value is None or a.index.order[id(d.stmt)] > order:
+                continue
+            kind = _mask_kind(a, key, d.value, ids)
+            if kind is not None:
+                found.append(MaskCandidate(d, kind))
+    return found
+
+
+def _mask_kind(a: "Analysis", key: str, value: cst.BaseExpression, ids: cst.BaseExpression) -> str | None:
+    core = strip_casts(a, value)
+    if isinstance(core, cst.Call) and (a.call_name(core) in _ALL_ONES or a.method(core) in ("new_ones", "fill_")):
+        return None
+    compared = pad_comparison(a, value)
+    if compared is not None:
+        return "pad" if same_value(a, compared[0], ids) else None
+    entry = _entry(a, core)
+    if entry is not None and entry[1] == "attention_mask":
+        source = _entry(a, resolve(a, ids))
+        return "batch" if source is not None and source[1] == "input_ids" and same_value(a, entry[0], source[0]) \
+            else None
+    if _block_mask(a, core) or ATTENTION_MASK_NAME.fullmatch(key):
+        return "block" if _block_mask(a, core) and share_data(a, value, ids) else (
+            "named" if share_data(a, value, ids) else None)
+    return None
+
+
+def _entry(a: "Analysis", expr: cst.BaseExpression) -> tuple[cst.BaseExpression, str] | None:
+    """``(batch, "k")`` for ``batch["k"]``, ``batch.get("k")``, ``batch.k`` (a non-``self`` container)."""
+    if isinstance(expr, cst.Subscript) and len(expr.slice) == 1:
+        key = key_of(expr)
+        if key is not None and key.endswith("']"):
+            return expr.value, key[key.rindex("['") + 2:-2]
+    if isinstance(expr, cst.Call) and a.method(expr) in ("get", "pop") and expr.args and isinstance(
+            expr.args[0].value, cst.SimpleString):
+        return S.receiver(expr), expr.args[0].value.evaluated_value
+    if isinstance(expr, cst.Attribute) and isinstance(expr.value, (cst.Name, cst.Attribute)) and \
+            dotted_name(expr.value) not in ("self", "cls"):
+        return expr.value, expr.attr.value
+    return None
+
+
+def _block_mask(a: "Analysis", expr: cst.BaseExpression) -> bool:
+    """``seg[:, None] == seg[None, :]`` (also with a trailing ``[None]`` or ``&`` a causal mask): a pairwise mask
+    that keeps packed rows apart."""
+    while isinstance(expr, cst.Subscript) and key_of(expr) is None:
+        expr = expr.value
+    if isinstance(expr, cst.BinaryOperation) and isinstance(expr.operator, cst.BitAnd):
+        return _block_mask(a, expr.left) or _block_mask(a, expr.right)
+    if not (isinstance(expr, cst.Comparison) and len(expr.comparisons) == 1 and isinstance(
+            expr.comparisons[0].operator, cst.Equal)):
+        return False
+    left, right = expr.left, expr.comparisons[0].comparator
+    if not (isinstance(left, cst.Subscript) and isinstance(right, cst.Subscript)):
+        return False
+    return a.code(left.value) == a.code(right.value) and _none_at(left) != _none_at(right) and \
+        None not in (_none_at(left), _none_at(right))
+
+
+def _none_at(sub: cst.Subscript) -> int | None:
+    """The position of the single ``None`` in ``x[:, None]`` / ``x[None, :]``."""
+    spots = [i for i, el in enumerate(sub.slice) if isinstance(el.slice, cst.Index) and isinstance(
+        el.slice.value, cst.Name) and el.slice.value.value == "None"]
+    return spots[0] if len(spots) == 1 else None
+
+
+
+
+# ----- labels: pad ids replaced by the ignore index ----------------------------------------------------------------
+IGNORE_NAME = re.compile(r"(?i)\w*ignore\w*")
+
+
+def is_ignore_index(expr: cst.BaseExpression | None) -> bool:
+    """``-100`` or a value named for the ignore index (``IGNORE_INDEX``, ``self.ignore_index``)."""
+    if expr is None:
+        return False
+    if S.int_value(expr) == -100:
+        return True
+    name = dotted_name(expr)
+    return name is not None and IGNORE_NAME.fullmatch(name.rsplit(".", 1)[-1]) is not None
+
+
+@dataclass(frozen=True)
+class PadLabels:
+    """A place where labels equal to the pad id are replaced by the ignore index: ``node`` (to report),
+    ``labels`` (the tensor or element), ``pad`` (the pad id)."""
+
+    node: cst.CSTNode
+    labels: cst.BaseExpression
+    pad: cst.BaseExpression
+
+
+def _equal_pad(a: "Analysis", expr: cst.BaseExpression, negated: bool) -> tuple | None:
+    """``(x, pad)`` for ``x == pad`` (``x != pad`` when ``negated``), ``pad`` named for the pad token."""
+    if not (isinstance(expr, cst.Comparison) and len(expr.comparisons) == 1):
+        return None
+    op = expr.comparisons[0].operator
+    if not isinstance(op, cst.NotEqual if negated else cst.Equal):
+        return None
+    left, right = expr.left, expr.comparisons[0].comparator
+    if is_pad_named(strip_casts(a, right)):
+        return left, right
+    if is_pad_named(strip_casts(a, left)):
+        return right, left
+    return None
+
+
+def pad_labels_ignored(a: "Analysis") -> list[PadLabels]:
+    """``labels[labels == pad] = -100``, ``labels.masked_fill(labels == pad, -100)``, ``torch.where(labels == pad,
+    -100, labels)``, ``[t if t != pad else IGNORE_INDEX for t in ids]``: the labels' pad ids leave the loss."""
+    def build(an):
+        found = []
+        for node in an.nodes(cst.IfExp):
+            kept = _equal_pad(an, node.test, True)
+            if kept is not None and an.code(node.body) == an.code(kept[0]) and is_ignore_index(node.orelse):
+                found.append(PadLabels(node, kept[0], kept[1]))
+                continue
+            dropped = _equal_pad(an, node.test, False)
+            if dropped is not None and an.code(node.orelse) == an.code(dropped[0]) and is_ignore_index(node.body):
+                found.append(PadLabels(node, dropped[0], dropped[1]))
+        for stmt in an.nodes(cst.Assign):
+            target = stmt.targets[0].target if len(stmt.targets) == 1 else None
+            if isinstance(target, cst.Subscript) and len(target.slice) == 1 and isinstance(
+                    target.slice[0].slice, cst.Index) and is_ignore_index(stmt.value):
+                dropped = _equal_pad(an, target.slice[0].slice.value, False)
+                if dropped is not None and an.code(dropped[0]) == an.code(target.value):
+                    found.append(PadLabels(stmt, target.value, dropped[1]))
+        for call in an.nodes(cst.Call):
+            name = an.call_name(call) or ""
+            if an.method(call) in ("masked_fill", "masked_fill_") and len(call.args) == 2 and is_ignore_index(
+                    call.args[1].value):
+                dropped = _equal_pad(an, call.args[0].value, False)
+                if dropped is not None and an.code(dropped[0]) == an.code(S.receiver(call)):
+                    found.append(PadLabels(call, dropped[0], dropped[1]))
+            elif name == "torch.where" and len(call.args) == 3:
+                cond, yes, no = (arg.value for arg in call.args)
+                dropped = _equal_pad(an, cond, False)
+                kept = _equal_pad(an, cond, True)
+                if dropped is not None and is_ignore_index(yes) and an.code(no) == an.code(dropped[0]):
+                    found.append(PadLabels(call, dropped[0], dropped[1]))
+                elif kept is not None and is_ignore_index(no) and an.code(yes) == an.code(kept[0]):
+                    found.append(PadLabels(call, kept[0], kept[1]))
+        return found
+    return a.facet("pad_labels_ignored", build)
+
+
+__all__ = ["ATTENTION_MASK_NAME", "LAYOUT_KEYWORDS", "MaskCandidate", "PadLabels", "attention_masks", "eos_valued",
+           "is_ignore_index", "is_pad_named", "model_forward_ids", "pad_comparison", "pad_labels_ignored",
+           "pad_set_to_eos", "pad_settings"]

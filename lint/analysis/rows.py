@@ -1,0 +1,510 @@
+"""Row order: which rows of a batch a tensor holds, and in which order (the filters and permutations applied).
+
+A facet over the shared value walk. Its value, :class:`Rows`, names the *space* of a tensor's rows (the batch
+they describe: the parameters of one function, the entries of one container, the elements of one tuple
+unpacking) and the row operations applied to it since: a selection by an index (``x[idx]``, with what the index
+itself is made of) or a chunking (``x.chunk(n)`` iterated). Index values are rows too: a parameter ``rows``, a
+fresh permutation (``torch.randperm(n)``, ``lengths.argsort()``, the indices of ``sort``/``topk``), a boolean
+keep mask or the ``nonzero()`` of one (a filter), ``rows[order]`` (a reordering of ``rows``), ``order.argsort()``
+(the inverse of ``order``: applying both restores the order). Operations that keep each row where it is keep the
+value (casts, elementwise arithmetic, reductions over other dims, slices of other dims, model forwards of the
+ids, log-prob helpers); anything else is *unknown* and stops the walk.
+
+:func:`out_of_step` reads the places where tensors meet (the arguments of one call, the operands of one
+arithmetic operation, the values of one dict literal) and reports two tensors of one space whose rows are not in
+step:
+
+- ``reordered``: both selected by index values made from the same rows, one through a reordering the other lacks
+  (``ids[part]`` with ``adv[unsorted]``, ``part`` a chunk of ``rows[lengths.argsort()]``, ``unsorted`` the chunk
+  of ``rows`` at the same place);
+- ``left behind``: one re-indexed by a filter or permutation built in view (``ids = ids[order]``,
+  ``rewards = rewards[keep]``) and the other not, where the other is a row field of the same batch by its place
+  (an entry of the same container, an element of the same unpacking) or, for two parameters of one function, by
+  its name (old/reference log-probs, advantages, rewards, returns, masks, token ids).
+
+Index values that are the same value (``idx = order``, one dict comprehension ``{k: v[idx] ...}``, the same
+argsort written twice) are one selection.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+import libcst as cst
+
+from rlguard.lint.analysis import semantics as S
+from rlguard.lint.analysis.index import Def, key_base, key_of
+from rlguard.lint.analysis.provenance import models
+from rlguard.lint.analysis.values import Facet, Trace
+
+if TYPE_CHECKING:
+    from rlguard.lint.analysis import Analysis
+
+FRESH = ("perm:", "inv:", "filter:", "topk:")
+# Roles of per-row fields of a batch (names of parameters that describe the same episodes).
+ROW_ROLES = ("old_logp", "ref_logp", "logp", "advantages", "returns", "rewards", "mask", "ids")
+_KEEP_METHODS = frozenset({"float", "double", "half", "bfloat16", "long", "int", "bool", "to", "type_as", "detach",
+                           "clone", "contiguous", "cpu", "cuda", "exp", "log", "sigmoid", "tanh", "abs", "neg",
+                           "sqrt", "square", "clamp", "clip", "clamp_min", "clamp_max", "masked_fill", "nan_to_num",
+                           "requires_grad_", "softmax", "log_softmax", "pow", "relu", "exp_", "log1p", "expm1",
+                           "logical_not", "sign", "reciprocal", "rsqrt", "pin_memory"})
+_DIM_METHODS = frozenset({"sum", "mean", "max", "min", "amax", "amin", "logsumexp", "std", "var", "nansum",
+                          "nanmean", "any", "all", "prod", "norm", "cumsum", "argmax", "argmin", "count_nonzero"})
+_TORCH_KEEP = frozenset({"torch.exp", "torch.log", "torch.sigmoid", "torch.tanh", "torch.abs", "torch.clamp",
+                         "torch.clip", "torch.softmax", "torch.log_softmax", "torch.nn.functional.softmax",
+                         "torch.nn.functional.log_softmax", "torch.sqrt", "torch.square", "torch.nan_to_num",
+                         "torch.logical_not", "torch.log1p", "torch.expm1", "torch.nn.functional.logsigmoid",
+                         "torch.nn.functional.relu"})
+_SCALAR_CALLS = frozenset({"len", "int", "float", "bool", "str", "range", "max", "min", "sum", "round", "abs"})
+_DATA_ATTRS = frozenset({"shape", "dtype", "device", "ndim", "is_cuda", "requires_grad", "grad"})
+
+
+@dataclass(frozen=True)
+class Rows:
+    """A tensor's rows: ``space`` (the batch they belong to), ``field`` (its name in that batch, for messages and for
+    telling index values apart), ``ops`` (the selections and chunkings applied, in order). ``derived``: the value
+    was computed (a record's entry read off it is the same rows, not a new field)."""
+
+    space: str
+    field: str | None
+    ops: tuple = ()
+    derived: bool = False
+
+
+SCALAR = Rows("<scalar>", None)
+NONE = Rows("<none>", None)
+# A value whose rows are not known but that no tensor of the batch flows into (a config field, a global, a
+# function of those): left out when tensors are combined, never reported.
+MAYBE = Rows("<maybe>", None)
+
+
+@dataclass(frozen=True)
+class Chunks:
+    rows: Rows
+    n: str
+
+
+@dataclass(frozen=True)
+class Parts:
+    """A fixed tuple of values: ``zip(a, b)``, ``torch.where(cond)``, ``x.sort()`` (values, indices)."""
+
+    parts: tuple
+
+
+def _is_rows(v) -> bool:
+    return isinstance(v, Rows) and v.space not in ("<scalar>", "<none>", "<maybe>")
+
+
+def _fresh(v: Rows) -> bool:
+    return v.space.startswith(FRESH)
+
+
+class RowFacet(Facet):
+    unknown = None
+
+    def __init__(self, a: "Analysis"):
+        self.a = a
+        self.models = models(a)
+
+    # ----- lattice ----------------------------------------------------------------------------------------------
+    def join(self, values):
+        kept = [v for v in values if v != NONE]
+        if not kept:
+            return NONE if values else None
+        first = kept[0]
+        return first if all(v == first for v in kept) else None
+
+    def combine(self, values) -> Rows | None:
+        """The rows of an elementwise combination: the common rows, ignoring numbers and full reductions."""
+        rows = []
+        maybe = False
+        for v in values:
+            if v is None or isinstance(v, (Chunks, Parts)):
+                return None
+            if _is_rows(v):
+                rows.append(v)
+            maybe = maybe or v == MAYBE
+        if not rows:
+            return MAYBE if maybe else SCALAR
+        first = rows[0]
+        if any(r.space != first.space or r.ops != first.ops for r in rows[1:]):
+            return None
+        return replace(first, derived=True)
+
+    # ----- leaves -----------------------------------------------------------------------------------------------
+    def leaf(self, trace, expr, frame):
+        return MAYBE
+
+    def param(self, trace, d: Def, expr, frame):
+        if d.key in ("self", "cls"):
+            return None
+        return Rows(f"params@{id(d.scope)}", d.key)
+
+    def item(self, trace, container, entry):
+        if not _is_rows(container):
+            return None
+        if entry in _DATA_ATTRS:
+            return SCALAR
+        if container.derived:
+            return container
+        return Rows(f"{container.space}/{container.field}", entry, container.ops)
+
+    def element(self, trace, whole, position):
+        if isinstance(whole, Parts):
+            return whole.parts[position] if position < len(whole.parts) else None
+        if _is_rows(whole) and not whole.derived:
+            return Rows(f"{whole.space}/{whole.field}", str(position), whole.ops)
+        return None
+
+    def iterate(self, trace, iterable, d):
+        if isinstance(iterable, Parts):
+            if d.element is None or d.element >= len(iterable.parts):
+                return None
+            iterable = iterable.parts[d.element]
+        elif d.element is not None:
+            return None
+        if isinstance(iterable, Chunks):
+            return replace(iterable.rows, ops=iterable.rows.ops + (("chunk", iterable.n),), derived=True)
+        return None
+
+    def helper(self, trace, call, returns, frame):
+        return self.join(returns) if returns else None
+
+    # ----- operations -------------------------------------------------------------------------------------------
+    def node(self, trace, expr, frame):
+        a = self.a
+        if isinstance(expr, cst.Name):
+            if expr.value == "None":
+                return NONE
+            if expr.value in ("True", "False"):
+                return SCALAR
+            return None
+        if isinstance(expr, (cst.Integer, cst.Float, cst.SimpleString, cst.ConcatenatedString, cst.FormattedString)):
+            return SCALAR
+        key = key_of(expr) if isinstance(expr, (cst.Attribute, cst.Subscript)) else None
+        if key is not None:
+            if key_base(key) in ("self", "cls"):
+                return MAYBE  # an attribute of the object: not one of the batch's tensors as far as the walk sees
+            if isinstance(expr, cst.Attribute) and expr.attr.value in _DATA_ATTRS:
+                return SCALAR
+            found = trace.named(expr, frame)
+            if found is None and isinstance(expr, cst.Subscript) and key.endswith("']"):
+                found = self.item(trace, trace.value(expr.value, frame), key[key.rindex("['") + 2:-2])
+            elif found is None or (isinstance(expr, cst.Attribute) and _is_rows(found) and not found.derived):
+                found = MAYBE  # `cfg.temperature`, `batch.n`: an attribute read off a parameter or a global
+            return found
+        if isinstance(expr, cst.Attribute):
+            inner = trace.value(expr.value, frame)
+            attr = expr.attr.value
+            if isinstance(inner, Parts) and attr in ("values", "indices") and len(inner.parts) == 2:
+                return inner.parts[0 if attr == "values" else 1]
+            if attr in _DATA_ATTRS:
+                return SCALAR
+            return inner if _is_rows(inner) and inner.derived else None
+        if isinstance(expr, cst.Subscript):
+            return self._subscript(trace, expr, frame)
+        if isinstance(expr, cst.Call):
+            if a.callee(expr) is not None:
+                return None  # a helper of this module: walked into
+            return self._call(trace, expr, frame)
+        if isinstance(expr, cst.BinaryOperation):
+            return self.combine([trace.value(expr.left, frame), trace.value(expr.right, frame)])
+        if isinstance(expr, cst.UnaryOperation):
+            inner = trace.value(expr.expression, frame)
+            return replace(inner, derived=True) if _is_rows(inner) else inner if inner in (SCALAR,) else None
+        if isinstance(expr, cst.Comparison):
+            return self.combine([trace.value(expr.left, frame)] + [trace.value(c.comparator, frame)
+                                                                    for c in expr.comparisons])
+        return None
+
+    def _subscript(self, trace, expr: cst.Subscript, frame):
+        value = trace.value(expr.value, frame)
+        first = expr.slice[0].slice
+        if isinstance(value, Parts):
+            position = S.int_value(first.value) if isinstance(first, cst.Index) else None
+            return value.parts[position] if position is not None and 0 <= position < len(value.parts) else None
+        if not _is_rows(value):
+            return None
+        if isinstance(first, cst.Slice):
+            full = first.lower is None and first.upper is None and first.step is None
+            return replace(value, derived=True) if full else None
+        inner = first.value
+        if any(not _plain_axis(el.slice) for el in expr.slice[1:]):
+            return None  # `x[rows, cols]`: elements gathered by several index tensors, not rows
+        if isinstance(inner, cst.Ellipsis):
+            return replace(value, derived=True)
+        if isinstance(inner, (cst.Integer, cst.UnaryOperation)) or (isinstance(inner, cst.Name) and inner.value == "None"):
+            return None
+        sel = self.selection(trace, inner, frame)
+        if sel is None:
+            return None
+        return Rows(value.space, value.field, _compose(value.ops, sel), True)
+
+    def selection(self, trace, index: cst.BaseExpression, frame):
+        """The selection an index expression makes: ``("sel", space, field, ops)`` of its own rows, or None."""
+        text = _filter_text(self.a, index)
+        if text is not None:
+            return ("sel", "filter:" + text, None, ())
+        value = trace.value(index, frame)
+        if not _is_rows(value):
+            return None
+        return ("sel", value.space, value.field, value.ops)
+
+    def _call(self, trace, call: cst.Call, frame):
+        a = self.a
+        name = a.call_name(call) or ""
+        method = a.method(call)
+        recv = S.receiver(call)
+        code = a.code(call)
+        if name == "zip":
+            return Parts(tuple(trace.value(arg.value, frame) for arg in call.args))
+        if name in _SCALAR_CALLS or method in ("item", "tolist", "numel", "size", "dim", "nelement"):
+            return SCALAR
+        if name == "torch.randperm":
+            return Rows("perm:" + code, None, (), True)
+        if method == "argsort" or name == "torch.argsort":
+            source = trace.value(recv if method == "argsort" else S.argument(call, 0, "input"), frame)
+            if _is_rows(source) and source.space.startswith("perm:") and not source.ops:
+                return Rows("inv:" + source.space[5:], None, (), True)  # argsort of a permutation: its inverse
+            return Rows("perm:" + a.code(call), None, (), True)
+        if method in ("sort", "topk") or name in ("torch.sort", "torch.topk"):
+            kind = "perm:" if (method or name.rsplit(".", 1)[-1]) == "sort" else "topk:"
+            source = trace.value(recv if method else S.argument(call, 0, "input"), frame)
+            perm = Rows(kind + code, None, (), True)
+            values = Rows(source.space, source.field, _compose(source.ops, ("sel", perm.space, None, ())), True) \
+                if _is_rows(source) else None
+            return Parts((values, perm))
+        if method == "nonzero" or name == "torch.nonzero" or (name == "torch.where" and len(call.args) == 1):
+            cond = recv if method == "nonzero" else call.args[0].value
+            text = _filter_text(a, cond) or a.code(cond)
+            if name == "torch.where" or S.literal_bool(S.argument(call, None, "as_tuple")) is True:
+                return Parts((Rows("filter:" + text, None, (), True),))
+            return Rows("filter:" + text, None, (), True)
+        if method in ("chunk", "split", "tensor_split") or name in ("torch.chunk", "torch.split"):
+            source = trace.value(recv if method else S.argument(call, 0, "input"), frame)
+            n = S.argument(call, 0 if method else 1, "chunks")
+            if n is None:
+                n = S.argument(call, 0 if method else 1, "split_size_or_sections")
+            return Chunks(source, a.code(n)) if _is_rows(source) and n is not None else None
+        if method in _KEEP_METHODS and recv is not None:
+            return _derived(trace.value(recv, frame))
+        if method in _DIM_METHODS and recv is not None:
+            dim = S.argument(call, 0, "dim")
+            if dim is None:
+                dim = S.argument(call, None, "axis")
+            if dim is None:
+                return SCALAR
+            value = S.int_value(dim)
+            if value == 0:
+                return SCALAR
+            return _derived(trace.value(recv, frame)) if value is not None else None
+        if method in ("unsqueeze", "squeeze") and recv is not None:
+            dim = S.int_value(S.argument(call, 0, "dim"))
+            return _derived(trace.value(recv, frame)) if dim is not None and dim != 0 else None
+        if method == "gather" and recv is not None:
+            dim = S.int_value(S.argument(call, 0, "dim"))
+            return _derived(trace.value(recv, frame)) if dim is not None and dim != 0 else None
+        if name in _TORCH_KEEP and call.args:
+            return _derived(trace.value(call.args[0].value, frame))
+        if name in ("torch.where", "torch.maximum", "torch.minimum") and len(call.args) >= 2:
+            return self.combine([trace.value(arg.value, frame) for arg in call.args])
+        if S.LOGPROB_HELPER.fullmatch(name.rsplit(".", 1)[-1]) and call.args:
+            return _derived(trace.value(call.args[0].value, frame))
+        # a model forward (or generation) reads rows and answers one row per row
+        func = call.func
+        target = func.value if isinstance(func, cst.Attribute) and func.attr.value in (
+            "forward", "__call__", "generate") else func
+        if isinstance(target, (cst.Name, cst.Attribute)) and self.models.model(target) is not None and (
+                method in (None, "forward", "__call__", "generate") or target is func):
+            ids = S.argument(call, 0, "input_ids")
+            return _derived(trace.value(ids, frame)) if ids is not None else None
+        # anything else: unknown, unless no tensor of a batch goes in (a function of config values)
+        inputs = [trace.value(arg.value, frame) for arg in call.args]
+        if recv is not None and method is not None:
+            inputs.append(trace.value(recv, frame))
+        if all(v in (SCALAR, MAYBE, NONE) for v in inputs):
+            return MAYBE
+        return None
+
+
+def _plain_axis(element) -> bool:
+    """A subscript element that keeps its axis: a slice (``:``, ``1:``), ``None`` or ``...``."""
+    if isinstance(element, cst.Slice):
+        return True
+    value = element.value if isinstance(element, cst.Index) else None
+    return isinstance(value, cst.Ellipsis) or (isinstance(value, cst.Name) and value.value == "None")
+
+
+def _derived(value):
+    if _is_rows(value):
+        return replace(value, derived=True)
+    return value if value is SCALAR else None
+
+
+def _compose(ops: tuple, sel: tuple) -> tuple:
+    """``ops`` followed by the selection ``sel``; a permutation followed by its inverse cancels."""
+    if ops and ops[-1][0] == "sel" and sel[0] == "sel":
+        last = ops[-1]
+        if last[1].startswith("perm:") and sel[1] == "inv:" + last[1][5:] and not last[3] and not sel[3]:
+            return ops[:-1]
+    return ops + (sel,)
+
+
+def _filter_text(a: "Analysis", expr: cst.BaseExpression, depth: int = 4) -> str | None:
+    """The text of a boolean keep mask behind ``expr`` (a comparison, ``~m``, ``m & n``, ``isfinite``...,
+    through names with one definition and casts), or None."""
+    for _ in range(depth):
+        while isinstance(expr, cst.Call) and a.method(expr) in ("bool", "to", "cuda", "cpu", "detach") and \
+                S.receiver(expr) is not None:
+            expr = S.receiver(expr)
+        if isinstance(expr, cst.Comparison):
+            return a.code(expr)
+        if isinstance(expr, cst.UnaryOperation) and isinstance(expr.operator, cst.BitInvert):
+            inner = _filter_text(a, expr.expression, depth - 1)
+            return f"~({inner})" if inner is not None else None
+        if isinstance(expr, cst.BinaryOperation) and isinstance(expr.operator, (cst.BitAnd, cst.BitOr)):
+            left, right = _filter_text(a, expr.left, depth - 1), _filter_text(a, expr.right, depth - 1)
+            return a.code(expr) if left is not None and right is not None else None
+        if isinstance(expr, cst.Call) and ((a.call_name(expr) or "") in (
+                "torch.isfinite", "torch.isnan", "torch.logical_and", "torch.logical_or", "torch.logical_not") or
+                a.method(expr) in ("isfinite", "isnan", "logical_and", "logical_or", "logical_not", "eq", "ne",
+                                   "gt", "lt", "ge", "le")):
+            return a.code(expr)
+        if isinstance(expr, cst.Name):
+            defs = a.flow.reaching(expr.value, expr)
+            if len(defs) != 1 or defs[0].kind != "assign" or defs[0].element is not None or defs[0].value is None:
+                return None
+            expr = defs[0].value
+            continue
+        return None
+    return None
+
+
+def row_trace(a: "Analysis") -> Trace:
+    return a.facet("rows", lambda an: Trace(an, RowFacet(an), budget=40000))
+
+
+# ----- meetings ---------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class OutOfStep:
+    """Tensors of one batch that meet at ``node`` with rows out of step: ``odd`` (the operands whose rows differ
+    from the rest), ``others`` (the rest); ``kind``: ``reordered`` or ``left behind``; ``selection`` the index
+    expression text that makes the difference, when known."""
+
+    node: cst.CSTNode
+    odd: tuple[cst.BaseExpression, ...]
+    others: tuple[cst.BaseExpression, ...]
+    kind: str
+
+
+def _operands(node: cst.CSTNode) -> list[cst.BaseExpression]:
+    if isinstance(node, cst.Call):
+        return [arg.value for arg in node.args if not arg.star]
+    if isinstance(node, cst.BinaryOperation):
+        return [node.left, node.right]
+    if isinstance(node, cst.Dict):
+        return [el.value for el in node.elements if isinstance(el, cst.DictElement)]
+    return []
+
+
+def out_of_step(a: "Analysis") -> list[OutOfStep]:
+    def build(an):
+        trace = row_trace(an)
+        found = []
+        selecting: dict[int, bool] = {}
+        for node in an.nodes(cst.Call, cst.BinaryOperation, cst.Dict):
+            if isinstance(node, cst.Call) and (an.call_name(node) or "") in ("zip", "torch.cat", "torch.stack"):
+                continue
+            scope = an.index.function_scope(node).node
+            if id(scope) not in selecting:
+                selecting[id(scope)] = _selects_rows(an, scope)
+            if not selecting[id(scope)]:
+                continue  # no filter or permutation built here: nothing can be out of step
+            operands = _operands(node)
+            if len(operands) < 2:
+                continue
+            values = [(expr, trace.value(expr)) for expr in operands]
+            by_space: dict[str, list] = {}
+            for expr, value in values:
+                if _is_rows(value) and not _fresh(value):
+                    by_space.setdefault(value.space, []).append((expr, value))
+            for members in by_space.values():
+                finding = _judge(an, node, members)
+                if finding is not None:
+                    found.append(finding)
+        return found
+    return a.facet("rows_out_of_step", build)
+
+
+_SELECTING = frozenset({"argsort", "sort", "topk", "nonzero", "randperm", "where"})
+
+
+def _selects_rows(a: "Analysis", scope: cst.CSTNode) -> bool:
+    """Whether the function (or module) builds a filter or permutation: a call that makes one, or a subscript by a
+    boolean keep mask."""
+    calls = a.index.descendants(scope, cst.Call) if not isinstance(scope, cst.Module) else a.nodes(cst.Call)
+    for call in calls:
+        if S.called_name(call) in _SELECTING:
+            return True
+    subs = a.index.descendants(scope, cst.Subscript) if not isinstance(scope, cst.Module) else a.nodes(cst.Subscript)
+    for sub in subs:
+        first = sub.slice[0].slice if sub.slice else None
+        if isinstance(first, cst.Index) and not isinstance(first.value, (cst.SimpleString, cst.Integer)) and \
+                _filter_text(a, first.value) is not None:
+            return True
+    return False
+
+
+def _judge(a: "Analysis", node: cst.CSTNode, members: list) -> OutOfStep | None:
+    selected: dict[tuple, list] = {}
+    plain = []
+    for expr, value in members:
+        if value.ops:
+            selected.setdefault(value.ops, []).append(expr)
+        elif _row_field(a, value):
+            plain.append(expr)
+    groups = sorted(selected.items(), key=lambda kv: -len(kv[1]))
+    # reordered: two selections of the same rows, one through a reordering the other lacks (the smaller group is
+    # the odd one)
+    for i, (ops_x, group_x) in enumerate(groups):
+        for ops_y, group_y in groups[i + 1:]:
+            if _reordered(ops_x, ops_y):
+                return OutOfStep(node, tuple(group_y), tuple(group_x), "reordered")
+    # left behind: row fields in the old order beside fields selected by a filter or permutation built in view
+    if plain and len(groups) == 1 and all(_fresh_selection(op) for op in groups[0][0]):
+        return OutOfStep(node, tuple(plain), tuple(groups[0][1]), "left behind")
+    return None
+
+
+def _fresh_selection(op: tuple) -> bool:
+    """A selection by an index built in view as a filter or permutation (not by an index handed in)."""
+    return op[0] == "sel" and op[1].startswith(FRESH)
+
+
+def _reordered(x: tuple, y: tuple) -> bool:
+    """Two histories that select, at the same step, by index values made from the same rows, one through a
+    reordering (a permutation or topk) the other lacks, and agree otherwise."""
+    if len(x) != len(y):
+        return False
+    diffs = [(p, q) for p, q in zip(x, y) if p != q]
+    if len(diffs) != 1:
+        return False
+    p, q = diffs[0]
+    if p[0] != "sel" or q[0] != "sel" or p[1] != q[1] or p[2] != q[2] or p[1].startswith(FRESH):
+        return False
+    inner_p, inner_q = list(p[3]), list(q[3])
+    reorders = lambda ops: [op for op in ops if op[0] == "sel" and op[1].startswith(("perm:", "topk:"))]
+    rest = lambda ops: [op for op in ops if op not in reorders(ops)]
+    return reorders(inner_p) != reorders(inner_q) and rest(inner_p) == rest(inner_q)
+
+
+def _row_field(a: "Analysis", value: Rows) -> bool:
+    """Whether an operand left in the old order is a row field of the batch: an entry of a container or an element
+    of an unpacking (its place says so), or a parameter named for a per-row field."""
+    if not value.space.startswith("params@") or "/" in value.space:
+        return True
+    return any(a.names.is_role(value.field, role) for role in ROW_ROLES)
+
+
+__all__ = ["OutOfStep", "Rows", "out_of_step", "row_trace"]

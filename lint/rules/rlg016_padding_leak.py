@@ -1,0 +1,252 @@
+"""RLG016 padding-leak: a model forward on padded or packed ids with their attention mask in scope, not passed."""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+import libcst as cst
+
+from rlguard.catalog import PADDING_LEAK
+from rlguard.lint.analysis import Analysis
+from rlguard.lint.analysis.padding import LAYOUT_KEYWORDS, MaskCandidate, attention_masks, model_forward_ids
+from rlguard.lint.analysis.uses import Use, def_consumers
+from rlguard.lint.rule import Invalid, Rule, Valid, Violation
+
+
+class PaddingLeak(Rule):
+    """
+    ## What it flags
+    A model forward on token ids that are padded or packed, in a function that builds the attention mask of those
+    ids and does not pass it:
+
+    ```python
+    attention_mask = (ids != tokenizer.pad_token_id).long()
+    logits = model(ids).logits                       # the mask is built, never handed to the model
+    ```
+
+    The mask is one the function builds for the forward's own ids, before the forward:
+
+    - a pad comparison of the same tensor (`ids != pad_id`, `ids.ne(pad)`, through casts and aliases);
+    - the `attention_mask` entry of the batch the ids are the `input_ids` of (`batch["attention_mask"]`,
+      `batch.get("attention_mask")`, `batch.attention_mask`);
+    - a block mask of rows packed into one sequence (`seg[:, None] == seg[None, :]`), or a local named as an
+      attention mask computed from the same data as the packed ids.
+
+    The rule reports only when that mask is not passed to the forward and is used for nothing but attention
+    elsewhere: never used at all, or passed as `attention_mask=` to another forward (the policy gets the mask, the
+    reference does not) or to `generate`. It is silent when the forward takes any mask or a packed layout
+    (`attention_mask=`, `cu_seqlens=`, `packed_seq_params=`...), a second positional argument, or a `**kwargs`
+    splat, and when the mask also serves the loss or anything else (a causal model reads right-padded rows
+    correctly without a mask, and a function that masks its loss with it may rely on that).
+
+    ## Why it is wrong
+    Without the mask, every real token attends to the pad tokens before it (left padding) or to the other rows
+    packed into its sequence, and its positions count the padding: a row's log-probs change with how much padding
+    it carries and with which rows share its batch. The ratio against the sampler's log-probs drifts from 1
+    (`logp_gap` well above 1e-4), reference log-probs of the same text differ between batches, and packed rows
+    learn from their neighbours' tokens.
+
+    ## Example
+    ```python
+    def score(model, batch):
+        input_ids = batch["input_ids"]
+        attention_mask = batch["attention_mask"]
+        logits = model(input_ids).logits
+        return logits[:, :-1].log_softmax(-1)
+    ```
+
+    ## Use instead
+    ```python
+    def score(model, batch):
+        input_ids = batch["input_ids"]
+        attention_mask = batch["attention_mask"]
+        logits = model(input_ids, attention_mask=attention_mask).logits
+        return logits[:, :-1].log_softmax(-1)
+    ```
+
+    ## Runtime state
+    Whether a batch is left- or right-padded, whether rows are packed, and which attention kernel a model runs
+    (a flash-attention varlen kernel reads row boundaries from `position_ids`) are runtime state. The padding
+    invariance preflight check (a row's log-probs unchanged by extra left/right padding and by the other rows of
+    its batch) sees what the linter cannot.
+
+    ## Fix
+    No automatic fix: the mask the model expects (a `[B, T]` keep-mask, a 4-D block mask, `cu_seqlens` for a
+    varlen kernel) depends on the model.
+
+    ## Options
+    None beyond the shared name lists. Silence a deliberate choice with `# noqa: RLG016`.
+    """
+
+    code = PADDING_LEAK
+    # preview: a new rule; its precision on code it was not tuned on is not yet shown by the ecosystem check
+    preview = True
+    triggers = r"(?i)mask|!=|\.ne\(|none\s*\]\s*=="
+
+    VALID = [
+        Valid("def score(model, batch):\n"
+              "    input_ids = batch['input_ids']\n"
+              "    attention_mask = batch['attention_mask']\n"
+              "    return model(input_ids, attention_mask=attention_mask).logits\n",
+              "the mask is passed by keyword", capability="C3", style="framework"),
+        Valid("def score(model, ids, pad_id):\n"
+              "    mask = (ids != pad_id).long()\n"
+              "    return model(ids, mask).logits\n",
+              "the mask is passed positionally", capability="C1", style="functional"),
+        Valid("def score(model, ids, pad_id):\n"
+              "    mask = (ids != pad_id).long()\n"
+              "    inputs = {'input_ids': ids, 'attention_mask': mask}\n"
+              "    return model(**inputs).logits\n",
+              "a dict holding the mask, splatted into the forward", capability="C3", style="functional"),
+        Valid("def loss(model, ids, pad_id, adv):\n"
+              "    mask = (ids[:, 1:] != pad_id).float()\n"
+              "    logp = model(ids).logits[:, :-1].log_softmax(-1).gather(-1, ids[:, 1:, None]).squeeze(-1)\n"
+              "    return -(logp * adv[:, None] * mask).sum() / mask.sum()\n",
+              "a pad mask used for the loss: a causal forward of right-padded rows needs no mask", capability="FP",
+              style="functional"),
+        Valid("class Scorer:\n"
+              "    def logps(self, batch):\n"
+              "        attention_mask = batch['attention_mask']\n"
+              "        out = self.model(batch['prompt_ids'])\n"
+              "        return out.logits, attention_mask\n",
+              "the forward reads other ids than the ones the mask is for", capability="C3", style="class"),
+        Valid("def score(model, ids):\n"
+              "    attention_mask = torch.ones_like(ids)\n"
+              "    return model(ids).logits\n",
+              "an all-ones mask: no padding", capability="C9", style="script"),
+        Valid("def forward(model, ids, pad):\n"
+              "    keep = ids != pad\n"
+              "    packed = ids[keep][None]\n"
+              "    seg = torch.repeat_interleave(torch.arange(len(ids)), keep.sum(-1))\n"
+              "    attention_mask = (seg[:, None] == seg[None, :])[None]\n"
+              "    return model(packed, attention_mask=attention_mask)\n",
+              "packed rows with their block mask", capability="C7", style="functional"),
+        Valid("def forward(model, ids, pad, cu):\n"
+              "    attention_mask = ids != pad\n"
+              "    packed = ids[attention_mask][None]\n"
+              "    return model(packed, cu_seqlens=cu)\n",
+              "a varlen forward with cu_seqlens carries the row layout", capability="C12", style="functional"),
+        Valid("def step(model, ref, batch):\n"
+              "    ids, attn = batch['input_ids'], batch['attention_mask']\n"
+              "    logits = model(input_ids=ids, attention_mask=attn).logits\n"
+              "    with torch.no_grad():\n"
+              "        ref_logits = ref(input_ids=ids, attention_mask=attn).logits\n"
+              "    return logits, ref_logits\n",
+              "both forwards get the mask (tuple unpacking)", capability="C1", style="framework"),
+        Valid("mask = (ids != tokenizer.pad_token_id).long()\n"
+              "out = model(ids)\n"
+              "loss = (out.loss_per_token * mask).sum() / mask.sum()\n",
+              "the mask weighs the loss", capability="C2", style="script"),
+        Valid("def collate(rows, pad_id):\n"
+              "    ids = torch.nn.utils.rnn.pad_sequence(rows, True, pad_id)\n"
+              "    attention_mask = (ids != pad_id).long()\n"
+              "    return {'input_ids': ids, 'attention_mask': attention_mask}\n",
+              "a collator builds the mask and hands it on: no forward", capability="C3", style="framework"),
+    ]
+    INVALID = [
+        Invalid("def score(model, ids, tokenizer):\n"
+                "    attention_mask = (ids != tokenizer.pad_token_id).long()\n"
+                "    logits = model(ids).logits\n"
+                "    return logits\n", line=3, why="a pad mask of the same ids, never passed", capability="C1",
+                style="functional"),
+        Invalid("def score(model, batch):\n"
+                "    input_ids = batch['input_ids']\n"
+                "    attention_mask = batch['attention_mask']\n"
+                "    return model(input_ids, position_ids=batch['position_ids']).logits\n", line=4,
+                why="the batch's attention mask is in scope, the forward gets positions only", capability="C3",
+                style="framework"),
+        Invalid("class Trainer:\n"
+                "    def logps(self, batch):\n"
+                "        ids = batch['input_ids'].to(self.device)\n"
+                "        attn = batch.get('attention_mask')\n"
+                "        pol = self.model(input_ids=ids, attention_mask=attn).logits\n"
+                "        with torch.no_grad():\n"
+                "            ref = self.ref_model(input_ids=ids).logits\n"
+                "        return pol, ref\n", line=7,
+                why="the policy gets the mask, the reference does not (get(), a cast)", capability="C3",
+                style="class"),
+        Invalid("def forward(model, ids, cfg):\n"
+                "    keep = ids != PAD\n"
+                "    lengths = keep.sum(-1)\n"
+                "    packed = ids[keep][None]\n"
+                "    position_ids = torch.cat([torch.arange(int(n)) for n in lengths])[None]\n"
+                "    row_of = torch.repeat_interleave(torch.arange(len(ids)), lengths)\n"
+                "    attention_mask = (row_of[:, None] == row_of[None, :])[None]\n"
+                "    return model(packed, position_ids=position_ids)\n", line=8,
+                why="packed rows: the block mask is built, not passed", capability="C7", style="functional"),
+        Invalid("def forward(model, ids, pad):\n"
+                "    keep = ids.ne(pad)\n"
+                "    flat = ids[keep].unsqueeze(0)\n"
+                "    seg = torch.repeat_interleave(torch.arange(ids.size(0)), keep.sum(1))\n"
+                "    block = seg[:, None] == seg[None, :]\n"
+                "    return model.forward(flat)\n", line=6,
+                why="a block mask under another name, model.forward", capability="C2", style="functional"),
+        Invalid("mask = ids.ne(PAD_ID)\n"
+                "seq = ids\n"
+                "out = policy(seq)\n", line=3, why="an alias of the padded ids, ne()", capability="C1",
+                style="script"),
+        Invalid("def rollout_logps(policy, tok, prompts):\n"
+                "    enc = tok(prompts, return_tensors='pt', padding=True)\n"
+                "    ids = enc['input_ids']\n"
+                "    mask = enc['attention_mask']\n"
+                "    out = policy.generate(ids, attention_mask=mask)\n"
+                "    logits = policy(ids).logits\n"
+                "    return out, logits\n", line=6,
+                why="the mask goes to generate, not to the forward of the same ids", capability="C12",
+                style="framework"),
+        Invalid("class Critic:\n"
+                "    def values(self, batch):\n"
+                "        input_ids = batch.input_ids\n"
+                "        attention_mask = batch.attention_mask\n"
+                "        return self.critic(input_ids).squeeze(-1)\n", line=5,
+                why="attributes of a batch record", capability="C8", style="class"),
+    ]
+
+    def check(self, ctx: Analysis) -> Iterator[Violation]:
+        for call in ctx.nodes(cst.Call):
+            ids = model_forward_ids(ctx, call)
+            if ids is None or _takes_layout(call):
+                continue
+            for mask in attention_masks(ctx, ids):
+                uses = def_consumers(ctx, mask.d)
+                if any(u.node is call or ctx.contains(call, u.node) for u in uses):
+                    continue
+                if all(_attention_use(u) for u in uses):
+                    yield Violation(call, _message(ctx, call, ids, mask, uses))
+                    break
+
+
+def _takes_layout(call: cst.Call) -> bool:
+    """Whether the forward is handed a mask or a row layout (or could be: a splat, a second positional argument)."""
+    positional = 0
+    for arg in call.args:
+        if arg.star:
+            return True
+        if arg.keyword is None:
+            positional += 1
+            continue
+        name = arg.keyword.value.lower()
+        if "mask" in name or name in LAYOUT_KEYWORDS:
+            return True
+    return positional > 1
+
+
+def _attention_use(use: Use) -> bool:
+    """A use that hands the value on as an attention mask (to another forward, to ``generate``, into a batch
+    entry), not one that computes with it."""
+    if use.kind in ("keyword", "entry"):
+        name = str(use.detail or "").lower()
+        return "attention" in name or "attn" in name
+    return False
+
+
+def _message(ctx: Analysis, call: cst.Call, ids, mask: MaskCandidate, uses: list[Use]) -> str:
+    name = mask.d.key
+    line = ctx.code(mask.d.stmt).strip().splitlines()[0]
+    what = {"pad": "the pad mask of these ids", "batch": "the batch's attention mask",
+            "block": "the block mask of these packed rows", "named": "the attention mask of these rows"}[mask.kind]
+    elsewhere = " (it goes to another call instead)" if uses else ""
+    layout = "packed" if mask.kind in ("block", "named") else "padded"
+    return (f"the forward on the {layout} ids `{ctx.code(ids)}` gets no attention mask, though {what}, "
+            f"`{name}` (`{line}`), is built for it{elsewhere}: each row attends to padding or to the rows packed "
+            f"beside it, so its log-probs depend on its batch; pass `attention_mask={name}`")
