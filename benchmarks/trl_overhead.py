@@ -1,8 +1,9 @@
 """Cost of rlguard's TRL integration: the callback per training step, and the preflight's wall time.
 
-    python benchmarks/trl_overhead.py [--steps N] [--repeats N] [--hidden H] [--layers L] [--check-every N]
+    python benchmarks/trl_overhead.py [--trainer grpo|rloo] [--steps N] [--repeats N] [--hidden H] [--layers L]
+                                      [--check-every N]
 
-Trains a real ``trl.GRPOTrainer`` on the CPU (a Llama built in code, ``tests/trl_helpers.py``; the default
+Trains a real ``trl.GRPOTrainer`` (or ``trl.RLOOTrainer``, without the entropy bonus it does not have) on the CPU (a Llama built in code, ``tests/trl_helpers.py``; the default
 configuration of the TRL tests with a KL term, two iterations per generation, an entropy bonus, lr 1e-3) for
 ``--steps`` optimizer steps, alternately without and with ``RlguardCallback`` (raise mode, contracts and monitor
 on), ``--repeats`` times each; reports the median seconds per step of each and the ratio, and the time spent
@@ -50,16 +51,20 @@ def _clock_the_checks() -> None:
     from rlguard.contracts.guard import Guard
     from rlguard.integrations.trl.callback import RlguardCallback
 
-    for cls, names in ((RlguardCallback, ("_check_generation", "_check_loss", "on_log", "on_train_begin")),
+    for cls, names in ((RlguardCallback, ("_check_generation", "_check_loss", "_check_rewards", "on_log",
+                                          "on_train_begin")),
                        (Guard, ("_pre_step", "_post_step", "begin_update", "end_update"))):
         for name in names:
             setattr(cls, name, _clocked(f"{cls.__name__}.{name}", getattr(cls, name)))
 
 
-def _timed_training(config: dict, watched: bool, check_every: int = 1) -> tuple[float, dict]:
+MAKE = {"grpo": h.make_trainer, "rloo": h.make_rloo_trainer}
+
+
+def _timed_training(config: dict, watched: bool, check_every: int = 1, kind: str = "grpo") -> tuple[float, dict]:
     from rlguard.integrations.trl import RlguardCallback
 
-    trainer = h.make_trainer(**config)
+    trainer = MAKE[kind](**config)
     if watched:
         RlguardCallback.attach(trainer, mode="raise", check_every=check_every)
     INSIDE.clear()
@@ -77,6 +82,7 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--check-every", type=int, default=1, help="the callback's check_every")
+    parser.add_argument("--trainer", choices=sorted(MAKE), default="grpo")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     warnings.filterwarnings("ignore")
@@ -86,17 +92,19 @@ def main() -> None:
     from rlguard.integrations.trl import TRL_VERSION, preflight
 
     h.MODEL_SIZE.update(hidden_size=args.hidden, num_hidden_layers=args.layers)
-    config = dict(beta=0.1, num_iterations=2, entropy_coef=0.01, learning_rate=1e-3, max_steps=args.steps)
+    config = dict(beta=0.1, num_iterations=2, learning_rate=1e-3, max_steps=args.steps)
+    if args.trainer == "grpo":
+        config["entropy_coef"] = 0.01
     _clock_the_checks()
-    _timed_training(config, True)  # warm-up: imports, kernels, the model folder
+    _timed_training(config, True, kind=args.trainer)  # warm-up: imports, kernels, the model folder
     plain, watched, inside = [], [], []
     for _ in range(args.repeats):
-        plain.append(_timed_training(config, False)[0])
-        step, checks = _timed_training(config, True, args.check_every)
+        plain.append(_timed_training(config, False, kind=args.trainer)[0])
+        step, checks = _timed_training(config, True, args.check_every, args.trainer)
         watched.append(step)
         inside.append(checks)
     off, on = statistics.median(plain), statistics.median(watched)
-    print(f"torch {torch.__version__}, trl {TRL_VERSION}, {platform.processor() or platform.machine()}, "
+    print(f"{args.trainer}: torch {torch.__version__}, trl {TRL_VERSION}, {platform.processor() or platform.machine()}, "
           f"{args.threads} thread(s); Llama hidden {args.hidden} x {args.layers} layers, "
           f"{h.CONFIG['per_device_train_batch_size'] * h.CONFIG['gradient_accumulation_steps']} episodes of up to "
           f"{h.CONFIG['max_completion_length']} tokens per step, {args.steps} steps x {args.repeats} runs, "
@@ -114,7 +122,8 @@ def main() -> None:
         times = []
         for _ in range(args.repeats):
             trainer_config = {k: v for k, v in config.items() if k != "max_steps"}
-            subject = (lambda: h.make_trainer(**trainer_config)) if target else h.make_trainer(**trainer_config)
+            make = MAKE[args.trainer]
+            subject = (lambda: make(**trainer_config)) if target else make(**trainer_config)
             start = time.perf_counter()
             report = preflight(subject)
             times.append(time.perf_counter() - start)

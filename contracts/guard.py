@@ -32,7 +32,7 @@ from torch import nn
 import logging
 
 from rlguard.catalog import GRAD_NOT_ZEROED, REFERENCE_ALIAS, TRAIN_MODE_SCORING, TRAINED_PARAMS_DRIFT
-from rlguard.contracts.errors import Violation
+from rlguard.contracts.errors import ContractViolation, Violation
 from rlguard.contracts.markers import Probe, settle
 from rlguard.contracts.settings import STATE, flush_compiled_notes, report
 from rlguard.contracts.spec import format_message
@@ -251,6 +251,7 @@ class Guard:
         self.check_every = check_every
         self.updates = 0  # update() blocks begun
         self.steps = 0  # optimizer steps seen (every optimizer's)
+        self._step_checks_on = True  # off after an internal error of the step checks (logged once)
         self.steps_in_update = 0  # optimizer steps since the current update began
         self.in_update = False
         self._rows: dict[tuple, dict] = {}  # Frozen's row hashes, per (function, argument, row length)
@@ -406,24 +407,45 @@ class Guard:
         return tuple(len(g["params"]) for opt in self.optimizers for g in opt.param_groups)
 
     # -- the step hooks ------------------------------------------------------------------------------------
+    # An error inside the step checks themselves (not a violation they found) is rlguard's failure: it is logged
+    # once and the step checks are switched off, never raised into the optimizer step of the run they watch.
+    def _step_checks_failed(self, where: str, exc: BaseException) -> None:
+        self._step_checks_on = False
+        self._pre_versions = self._pre_fp = None
+        _log.error("rlguard: the Guard's optimizer-step checks (RLG008 reference, RLG013 gradients, RLG014 frozen "
+                   "parameters) failed %s (%s: %s) and are switched off; training goes on", where,
+                   type(exc).__name__, exc)
+
     def _pre_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if not self._step_checks_on:
+            return
+        try:
+            violations = self._before_step(optimizer)
+        except ContractViolation:  # a finding reported from inside (flush_compiled_notes): the news
+            raise
+        except Exception as exc:  # noqa: BLE001 - rlguard's own failure must not stop the run it watches
+            self._step_checks_failed("before a step", exc)
+            return
+        if violations:  # reported before the step, so that a raise leaves the parameters as they were
+            report(violations)
+
+    def _before_step(self, optimizer: Any) -> list[Violation]:
         flush_compiled_notes()
         self._pre_versions = self._pre_fp = None
         if STATE.mode == "off":  # off: count the steps, check nothing
-            return
-        # checks of what this step is about to do, from metadata; reported before the step, so that a raise
-        # leaves the parameters as they were (under torch.distributed: held to the next synchronised point)
+            return []
+        # checks of what this step is about to do, from metadata (under torch.distributed: held to the next
+        # synchronised point)
         violations = self._grads.before_step(optimizer) + self._frozen.before_step(optimizer, self.steps)
-        if violations:
-            report(violations)
         watch = self._ref_watch
         if watch is None or not len(watch):
-            return
+            return violations
         regrouped = self._group_signature() != self._groups
         if self._due() or regrouped:  # a param group added since the last look: watch this step closely
             self._pre_versions = watch.versions()
         if self._due():
             self._pre_fp = watch.fingerprint()
+        return violations
 
     def _post_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         due = self._due()
@@ -432,6 +454,17 @@ class Guard:
         self.steps_in_update += 1
         if STATE.mode == "off":
             return
+        violations: list[Violation] = []
+        if self._step_checks_on:
+            try:
+                violations = self._after_step(optimizer, step, due)
+            except ContractViolation:
+                raise
+            except Exception as exc:  # noqa: BLE001 - rlguard's own failure must not stop the run it watches
+                self._step_checks_failed("after a step", exc)
+        report(violations, collective=due)  # every rank takes part in the same collectives, checks on or off
+
+    def _after_step(self, optimizer: Any, step: int, due: bool) -> list[Violation]:
         self._grads.after_step(optimizer, step)
         violations: list[Violation] = []
         probes: list[Probe] = []
@@ -456,7 +489,7 @@ class Guard:
                 violations += self._reference_violations()
         violations += frozen_finish()
         self._pre_versions = self._pre_fp = None
-        report(violations, collective=due)
+        return violations
 
 
 class _ScoringWatch:

@@ -19,12 +19,15 @@ OK, SYMPTOMS, USAGE = 0, 1, 2
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="rlguard diagnose",
-        description="Read a training metrics log (JSONL, CSV or a TensorBoard log dir) and name the likely faults.")
-    p.add_argument("log", help="metrics log: .jsonl (one JSON row per step), .csv, or TensorBoard event file/dir")
+        description="Read a training metrics log (JSONL, CSV, a TensorBoard log dir, or TRL's trainer_state.json) "
+                    "and name the likely faults.")
+    p.add_argument("log", help="metrics log: .jsonl (one JSON row per step, or TRL's on_log dicts), .csv, a "
+                               "TensorBoard event file/dir, or a TRL trainer_state.json (or its log_history list)")
     p.add_argument("--plot", metavar="OUT.png", help="draw the key metric curves with the firing steps marked")
     p.add_argument("--format", choices=("text", "json"), default="text")
     p.add_argument("--kl-coef", type=float, default=None,
-                   help="the run's KL coefficient, when the log has no kl_coef column")
+                   help="the run's KL coefficient, when the log has no kl_coef column (TRL's beta, which its "
+                        "logs do not hold)")
     p.add_argument("--threshold", "-t", action="append", default=[], metavar="NAME=VALUE",
                    help="override a threshold (repeatable), e.g. -t logp_gap_max=1e-3")
     p.add_argument("--list-rules", action="store_true", help="print the rules and thresholds, then exit")
@@ -67,8 +70,10 @@ def format_text(report: Report, path: str) -> str:
             lines.append("    evidence: " + "; ".join(f"{k} {_fmt(v)}" for k, v in s.evidence.items()))
             lines.append(f"    check: {s.advice}")
     if report.disabled:
-        lines.append("  rules off (metric not logged): "
-                     + ", ".join(f"{r} (needs {', '.join(m)})" for r, m in report.disabled.items()))
+        lines.append("  rules off (a metric they need is not in the log):")
+        lines += [f"    {r}: {report.off_reasons.get(r) or 'the log has no ' + ', '.join(m)}"
+                  for r, m in report.disabled.items()]
+    lines += [f"  note: {note}" for note in report.notes]
     return "\n".join(lines)
 
 
@@ -106,6 +111,8 @@ def diagnose_main(argv: list[str] | None = None) -> int:
     report = diagnose(history, thresholds, kl_coef=args.kl_coef)
     if args.format == "json":
         print(json.dumps(report.to_json(), indent=2))
+        for note in report.notes:  # stdout stays the documented list of symptoms
+            print(f"rlguard diagnose: note: {note}", file=sys.stderr)
     else:
         print(format_text(report, args.log))
     if args.plot:

@@ -1,9 +1,12 @@
-"""Metrics logs: write JSONL rows; read JSONL, CSV or TensorBoard scalars back as a history (list of rows).
+"""Metrics logs: write JSONL rows; read JSONL, CSV, TensorBoard scalars or TRL's logs back as a history (rows).
 
 The JSONL format (see docs/diagnose.md): one JSON object per line, one line per training step, keys are metric
 names (``rlguard.diagnose.metrics.METRICS``), values are numbers. ``step`` orders the rows (its line index
 when absent). A key may be missing from some rows (``eval_pass`` is logged every few steps). Non-finite values
 are written as ``NaN`` / ``Infinity`` (Python's and pandas' JSON convention). Blank lines are skipped.
+
+TRL's logs read too (``rlguard.diagnose.trl_logs``): a ``trainer_state.json``, its ``log_history`` list alone, or
+JSON lines of TRL's ``on_log`` dicts; their training rows are read under rlguard's names.
 """
 
 from __future__ import annotations
@@ -12,9 +15,11 @@ import csv
 import json
 import os
 import struct
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TextIO
+
+from rlguard.diagnose import trl_logs
 
 
 class HistoryError(ValueError):
@@ -24,6 +29,25 @@ class HistoryError(ValueError):
         self.path, self.line, self.message = str(path), line, message
         where = f"{self.path}:{line}" if line is not None else self.path
         super().__init__(f"{where}: {message}")
+
+
+class History(list):
+    """Rows ordered by step (a list of dicts, as before), and what the reader learned about the log.
+
+    ``source``: "trl" for TRL's logs, else the format read ("jsonl", "csv", "tensorboard"). ``nulls``: metric ->
+    the steps whose row holds it as null (not measured there; TRL logs a metric that is NaN at every step of a
+    logging interval as null). ``renamed``: rlguard name -> the log's own name, where the reader mapped one (TRL's
+    ``kl`` -> ``kl_ref``). ``missing_reasons``: metric -> why this kind of log lacks it, for the report's list of
+    the rules that are off.
+    """
+
+    def __init__(self, rows=(), source: str | None = None, nulls: Mapping[str, list[int]] | None = None,
+                 renamed: Mapping[str, str] | None = None, missing_reasons: Mapping[str, str] | None = None):
+        super().__init__(rows)
+        self.source = source
+        self.nulls = dict(nulls or {})
+        self.renamed = dict(renamed or {})
+        self.missing_reasons = dict(missing_reasons or {})
 
 
 def _plain(value: Any) -> Any:
@@ -74,9 +98,9 @@ class MetricsLogger:
         self.close()
 
 
-def _number(path, line, key, value):
+def _number(path, line, key, value, where: str = ""):
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise HistoryError(path, f"value of {key!r} is {value!r}, not a number", line)
+        raise HistoryError(path, f"{where}value of {key!r} is {value!r}, not a number", line)
     return value
 
 
@@ -86,28 +110,201 @@ def _order(rows: list[dict]) -> list[dict]:
     return sorted(rows, key=lambda r: r["step"])
 
 
-def read_jsonl(path: str | os.PathLike) -> list[dict]:
-    rows = []
-    with open(path, encoding="utf-8") as f:
-        for number, text in enumerate(f, 1):
-            if not text.strip():
-                continue
-            try:
-                obj = json.loads(text)
-            except json.JSONDecodeError as exc:
-                raise HistoryError(path, f"not valid JSON ({exc.msg}, column {exc.colno})", number) from None
-            if not isinstance(obj, dict):
-                raise HistoryError(path, f"expected a JSON object per line, got {type(obj).__name__}", number)
-            row = {}
-            for key, value in obj.items():
-                if value is None or isinstance(value, str):
-                    continue  # a metric not measured at this step, or a label: not a number to read
-                row[key] = _number(path, number, key, value)
-            rows.append(row)
-    return _order(rows)
+def _metric_row(path, line: int | None, obj: Mapping[str, Any], where: str = "",
+                line_of_key: Callable[[str], int] | None = None) -> tuple[dict, list[str]]:
+    """(numeric values, keys that are null) of one JSON row; strings (labels) are not metrics and are skipped.
+    A value that is not a number is an error at ``line``, or at ``line_of_key(key)`` for a row spanning lines."""
+    row, nulls = {}, []
+    for key, value in obj.items():
+        if value is None:
+            nulls.append(key)  # a metric not measured at this step
+        elif not isinstance(value, str):
+            row[key] = _number(path, line_of_key(key) if line_of_key else line, key, value, where)
+    return row, nulls
 
 
-def read_csv(path: str | os.PathLike) -> list[dict]:
+def _history(parsed: list[tuple[dict, list[str]]], source: str, renamed: Mapping[str, str] | None = None,
+             missing_reasons: Mapping[str, str] | None = None) -> History:
+    """Rows with their null keys -> a History ordered by step, the nulls by the step they belong to."""
+    rows = _order([row for row, _ in parsed])  # assigns the line index as step where a row has none
+    nulls: dict[str, list[int]] = {}
+    for row, null_keys in parsed:
+        for key in null_keys:
+            nulls.setdefault(key, []).append(row["step"])
+    return History(rows, source, {k: sorted(v) for k, v in nulls.items()}, renamed, missing_reasons)
+
+
+def _jsonl_objects(path, text: str) -> list[tuple[int, dict]]:
+    objects = []
+    for number, line in enumerate(text.split("\n"), 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise HistoryError(path, f"not valid JSON ({exc.msg}, column {exc.colno})", number) from None
+        if not isinstance(obj, dict):
+            raise HistoryError(path, f"expected a JSON object per line, got {type(obj).__name__}", number)
+        objects.append((number, obj))
+    return objects
+
+
+def _trl_history(path, entries: list[tuple[int, str, dict, Callable[[str], int] | None]]) -> History:
+    """TRL's log rows (line, where, dict, line of a key) -> their training rows under rlguard's names. Evaluation
+    rows and the end-of-training summary are skipped (the metrics TRL flushes into the summary, of the steps after
+    the last logging step, are not read: the summary has no loss or grad_norm, which would read as metrics that
+    stop)."""
+    parsed, renamed = [], {}
+    for line, where, entry, line_of_key in entries:
+        if not trl_logs.is_training_row(entry):
+            continue
+        values, null_keys = _metric_row(path, line, entry, where, line_of_key)  # errors name TRL's own keys
+        mapped, names = trl_logs.rlguard_names({**values, **dict.fromkeys(null_keys)})
+        parsed.append(({k: v for k, v in mapped.items() if v is not None},
+                       [k for k, v in mapped.items() if v is None]))
+        renamed.update(names)
+    if entries and not parsed:
+        raise HistoryError(path, f"no training rows among TRL's {len(entries)} log entries (only evaluation rows "
+                                 "or the end-of-training summary)")
+    return _history(parsed, "trl", renamed, trl_logs.TRL_NOT_LOGGED)
+
+
+def read_jsonl(path: str | os.PathLike, text: str | None = None) -> History:
+    """JSON lines: rlguard's rows, or TRL's ``on_log`` dicts (read as TRL's when a row has a TRL-only name)."""
+    if text is None:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    objects = _jsonl_objects(path, text)
+    if any(trl_logs.is_trl_row(obj) for _, obj in objects):
+        return _trl_history(path, [(number, "", obj, None) for number, obj in objects])
+    return _history([_metric_row(path, number, obj) for number, obj in objects], "jsonl")
+
+
+# --- TRL's trainer_state.json, or its log_history list -----------------------------------------------------------
+
+_DECODER = json.JSONDecoder()
+_SPACE = " \t\n\r"
+
+
+def _skip_space(text: str, i: int) -> int:
+    while i < len(text) and text[i] in _SPACE:
+        i += 1
+    return i
+
+
+def _array_items(text: str, i: int):
+    """(offset, value) of each item of the JSON array at ``text[i]``, in a text already known to be valid JSON."""
+    i = _skip_space(text, i + 1)
+    while text[i] != "]":
+        value, end = _DECODER.raw_decode(text, i)
+        yield i, value
+        i = _skip_space(text, end)
+        i = _skip_space(text, i + 1) if text[i] == "," else i
+
+
+def _object_members(text: str, i: int):
+    """(key, offset of its value, value) of each member of the JSON object at ``text[i]`` (valid JSON)."""
+    i = _skip_space(text, i + 1)
+    while text[i] != "}":
+        key, end = _DECODER.raw_decode(text, i)
+        i = _skip_space(text, _skip_space(text, end) + 1)  # past the colon
+        value, end = _DECODER.raw_decode(text, i)
+        yield key, i, value
+        i = _skip_space(text, end)
+        i = _skip_space(text, i + 1) if text[i] == "," else i
+
+
+def _line_of(text: str, offset: int) -> int:
+    return text.count("\n", 0, offset) + 1
+
+
+def read_trl_state(path: str | os.PathLike, text: str | None = None) -> History:
+    """A ``trainer_state.json`` (a JSON object with a ``log_history`` list) or its ``log_history`` list alone ->
+    the training rows, TRL's names mapped to rlguard's. Errors name the file and the line of the bad entry."""
+    if text is None:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    try:
+        document = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise HistoryError(path, f"not valid JSON ({exc.msg}, column {exc.colno})", exc.lineno) from None
+    start = _skip_space(text, 0)
+    if isinstance(document, dict):
+        found = [(offset, value) for key, offset, value in _object_members(text, start) if key == "log_history"]
+        if not found:
+            raise HistoryError(path, "a JSON object without \"log_history\": expected a trainer_state.json "
+                                     "(transformers, TRL), its log_history list, or JSON lines of metric rows",
+                               _line_of(text, start))
+        start, document = found[-1]  # json.loads keeps the last of repeated keys too
+        if not isinstance(document, list):
+            raise HistoryError(path, f"\"log_history\" is a JSON {_json_type(document)}, not a list of log entries",
+                               _line_of(text, start))
+        label = "log_history"
+    elif isinstance(document, list):
+        label = "entry "
+    else:
+        raise HistoryError(path, f"expected a JSON object (a trainer_state.json) or a list (its log_history), got "
+                                 f"a JSON {_json_type(document)}", _line_of(text, start))
+    entries = []
+    for index, (offset, entry) in enumerate(_array_items(text, start)):
+        where = f"{label}[{index}]" if label == "log_history" else f"{label}{index}"
+        if not isinstance(entry, dict):
+            raise HistoryError(path, f"{where} is a JSON {_json_type(entry)}, not an object of metrics",
+                               _line_of(text, offset))
+        entries.append((_line_of(text, offset), f"{where}: ", entry, _key_lines(text, offset)))
+    return _trl_history(path, entries)
+
+
+def _key_lines(text: str, offset: int) -> Callable[[str], int]:
+    """key -> the line of its value in the JSON object at ``text[offset]`` (looked up only for an error)."""
+    def line_of_key(key: str) -> int:
+        found = offset
+        for member, at, _ in _object_members(text, offset):
+            if member == key:
+                found = at  # the last of repeated keys, the one json.loads keeps
+        return _line_of(text, found)
+    return line_of_key
+
+
+def _json_type(value: Any) -> str:
+    if isinstance(value, dict):
+        return "object"
+    if isinstance(value, list):
+        return "array"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, bool):
+        return "boolean"
+    if value is None:
+        return "null"
+    return "number"
+
+
+def _is_json_document(text: str) -> bool:
+    """Whether a JSON file is one document (a trainer_state.json, a log_history list) rather than JSON lines: it
+    opens with an array (a row is an object), its first line is "{" alone (json.dumps(indent=...), as
+    transformers saves trainer_state.json), its first line is a whole trainer_state, or its first line is not a
+    whole row and the whole text is one valid document. A bad row stays a JSON-lines error naming its line."""
+    stripped = text.lstrip()
+    if stripped.startswith("["):
+        return True
+    if not stripped.startswith("{"):
+        return False
+    first = stripped.split("\n", 1)[0].strip()
+    if first == "{":
+        return True
+    try:
+        obj = json.loads(first)
+    except json.JSONDecodeError:
+        try:
+            json.loads(text)
+        except json.JSONDecodeError:
+            return False
+        return True
+    return isinstance(obj, dict) and "log_history" in obj
+
+
+def read_csv(path: str | os.PathLike) -> History:
     rows = []
     with open(path, encoding="utf-8", newline="") as f:
         reader = csv.DictReader(f)
@@ -128,7 +325,7 @@ def read_csv(path: str | os.PathLike) -> list[dict]:
             if "step" in row:
                 row["step"] = int(row["step"])
             rows.append(row)
-    return _order(rows)
+    return History(_order(rows), "csv")
 
 
 def _tag_name(tag: str) -> str:
@@ -150,7 +347,7 @@ def _event_files(path: Path) -> list[Path]:
     return sorted(p for p in path.rglob("*") if p.is_file() and "tfevents" in p.name)
 
 
-def read_tensorboard(path: str | os.PathLike) -> list[dict]:
+def read_tensorboard(path: str | os.PathLike) -> History:
     """Scalars of a TensorBoard log (an event file or a directory of them) -> rows keyed by step.
 
     Uses the ``tensorboard`` package when it is installed; otherwise a small built-in reader of the event
@@ -180,7 +377,7 @@ def read_tensorboard(path: str | os.PathLike) -> list[dict]:
         else:
             for tag, step, value in _iter_event_scalars(file):
                 scalars.setdefault(tag, {})[step] = value
-    return _rows_from_scalars(scalars)
+    return History(_rows_from_scalars(scalars), "tensorboard")
 
 
 def _tensor_proto_scalar(proto) -> float | None:
@@ -279,9 +476,10 @@ def _iter_event_scalars(path: Path):
                 yield tag, int(step), float(value)
 
 
-def read_history(path: str | os.PathLike) -> list[dict]:
-    """A metrics log -> rows ordered by step. ``.jsonl``/``.json``/``.ndjson`` (JSON lines), ``.csv``, or a
-    TensorBoard event file or log directory. Raises ``HistoryError`` naming the file (and line) on bad input."""
+def read_history(path: str | os.PathLike) -> History:
+    """A metrics log -> rows ordered by step: JSON lines (``.jsonl``/``.json``/``.ndjson``; rlguard's rows or TRL's
+    ``on_log`` dicts), a TRL ``trainer_state.json`` or its ``log_history`` list, ``.csv``, or a TensorBoard event
+    file or log directory. Raises ``HistoryError`` naming the file (and line) on bad input."""
     p = Path(path)
     if not p.exists():
         raise HistoryError(path, "no such file or directory")
@@ -290,8 +488,13 @@ def read_history(path: str | os.PathLike) -> list[dict]:
     try:
         if p.suffix.lower() == ".csv":
             return read_csv(p)
-        return read_jsonl(p)
+        text = p.read_text(encoding="utf-8")
+        if _is_json_document(text):
+            return read_trl_state(p, text)
+        return read_jsonl(p, text)
     except UnicodeDecodeError:
-        raise HistoryError(path, "not a text file (expected JSON lines or CSV)") from None
+        raise HistoryError(path, "not a text file (expected JSON lines, a trainer_state.json or CSV)") from None
     except OSError as exc:
         raise HistoryError(path, exc.strerror or str(exc)) from None
+    except RecursionError:
+        raise HistoryError(path, "JSON nested too deeply to read") from None

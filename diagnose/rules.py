@@ -2,8 +2,10 @@
 
 Each rule reads the whole history (levels, trends between the first and the last window of steps, comparisons
 between metrics) and returns a ``Symptom`` or None. A rule needs some metric names (``Rule.requires``); when one
-is missing from the log, that rule alone is disabled. Every threshold is a named field of ``Thresholds`` whose
-default comes from the healthy ranges of the debugging chapter's dashboard (seed 000) and the catalog.
+is missing from the log, that rule alone is disabled, and the report says why (``Report.off_reasons``). Every
+threshold is a named field of ``Thresholds`` whose default comes from the healthy ranges of the debugging
+chapter's dashboard (seed 000) and the catalog. What is worth knowing about the log but names no fault (a metric
+that stops being logged) is a report note, not a symptom (``Report.notes``).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from rlguard.catalog import (
     ACCUMULATION_SCALE, ADVANTAGE_SIGN, ENTROPY_BONUS_SIGN, KL_SIGN, LENGTH_BIAS, LOGITS_LABEL_SHIFT,
     MASK_NOT_SHIFTED, OLD_LOGP_RECOMPUTED, REFERENCE_ALIAS, SAMPLER_TRAINER_MISMATCH,
 )
-from rlguard.diagnose.metrics import finite, is_number, keys_of
+from rlguard.diagnose.metrics import finite, is_number
 
 
 @dataclass(frozen=True)
@@ -166,6 +168,7 @@ class Context:
     """What the rules know about the run beyond its metrics."""
 
     kl_coef: float | None = None
+    source: str | None = None  # the log's kind: "trl" for TRL's logs (rlguard.diagnose.log.History.source)
 
 
 @dataclass(frozen=True)
@@ -256,8 +259,10 @@ def kl_ref_zero_rule(history, th: Thresholds, ctx: Context) -> Symptom | None:
         coef = max(v for _, v in logged) if logged else None  # None: the chapter logs kl_ref only with a KL term
     if (coef is not None and coef <= 0) or len(kl) < th.kl_ref_min_steps:
         return None
-    evidence: dict[str, Any] = {
-        "kl_coef": coef if coef is not None else "not logged; assumed set because kl_ref is logged"}
+    # TRL's log has no beta, but TRL logs `kl` only when beta != 0: a KL term is known to be set
+    unknown = ("not in TRL's log; set, since TRL logs kl only when beta != 0" if ctx.source == "trl"
+               else "not logged; assumed set because kl_ref is logged")
+    evidence: dict[str, Any] = {"kl_coef": coef if coef is not None else unknown}
     if all(abs(v) <= th.kl_ref_zero_tol for _, v in kl):
         evidence.update(kl_ref_max_abs=_g(max(abs(v) for _, v in kl)), steps=len(kl), tolerance=th.kl_ref_zero_tol)
         steps = [s for s, _ in kl]
@@ -462,6 +467,8 @@ class Report:
     looked_at: list[str]  # metric names found in the log
     disabled: dict[str, list[str]] = field(default_factory=dict)  # rule -> the metric names it missed
     steps: int = 0
+    off_reasons: dict[str, str] = field(default_factory=dict)  # rule -> why it is off, in words
+    notes: list[str] = field(default_factory=list)  # what the report's reader should know: metrics that stop
 
     @property
     def ok(self) -> bool:
@@ -471,19 +478,115 @@ class Report:
         return [s.to_json() for s in self.symptoms]
 
 
+@dataclass(frozen=True)
+class Stopped:
+    """A metric logged at its usual interval up to ``last_step`` and never again from ``first_missing`` on."""
+
+    metric: str
+    last_step: int
+    first_missing: int
+    rows_missing: int
+    null: bool  # the rows from first_missing on hold it as null (not merely leave it out)
+
+
+def _null_steps(history: Sequence[Mapping[str, Any]], nulls: Mapping[str, Sequence[int]]) -> dict[str, set[int]]:
+    """metric -> steps where it is null: the reader's record and any None left in the rows themselves."""
+    out = {key: set(steps) for key, steps in nulls.items()}
+    for i, row in enumerate(history):
+        for key, value in row.items():
+            if value is None:
+                out.setdefault(key, set()).add(int(row.get("step", i)))
+    return out
+
+
+def stopped_metrics(history: Sequence[Mapping[str, Any]],
+                    nulls: Mapping[str, Sequence[int]] | None = None) -> list[Stopped]:
+    """Metrics that stop being logged before the log ends: logged at >= 2 rows, then missing (absent or null)
+    from some row to the last, over more rows than any gap between its earlier values (so a metric logged every
+    few steps, such as eval_pass, stops only when its silence outlasts its interval)."""
+    last: dict[str, int] = {}  # metric -> index of the last row with a number for it
+    widest_gap: dict[str, int] = {}  # metric -> most rows without it between two rows with it
+    for i, row in enumerate(history):
+        for key, value in row.items():
+            if key != "step" and is_number(value):
+                if key in last:
+                    widest_gap[key] = max(widest_gap.get(key, 0), i - last[key] - 1)
+                last[key] = i
+    end = len(history) - 1
+    candidates = [k for k, i in last.items() if k in widest_gap and end - i > widest_gap[k]]
+    if not candidates:
+        return []
+    steps = [int(row.get("step", i)) for i, row in enumerate(history)]
+    null_at = _null_steps(history, nulls or {})
+    found = []
+    for key in candidates:
+        i = last[key]
+        null = all(s in null_at.get(key, ()) for s in steps[i + 1:])
+        found.append(Stopped(key, steps[i], steps[i + 1], end - i, null))
+    return found
+
+
+def _stopped_notes(stops: Sequence[Stopped], ran: Sequence[Rule], source: str | None,
+                   renamed: Mapping[str, str]) -> list[str]:
+    """One note per group of metrics that stop together (TRL's reward, reward_std and per-function rewards go null
+    at the same step), the metrics the rules read first, and the rules that then see only the earlier steps."""
+    groups: dict[tuple, list[Stopped]] = {}
+    for stop in stops:
+        groups.setdefault((stop.first_missing, stop.last_step, stop.rows_missing, stop.null), []).append(stop)
+    read = {m for r in ran for m in r.metrics}
+    notes = []
+    for (first_missing, last_step, rows_missing, null), group in groups.items():
+        group = sorted(group, key=lambda g: g.metric not in read)  # stable: log order within each part
+        names = ", ".join(f"{g.metric} (the log's {renamed[g.metric]})" if g.metric in renamed else g.metric
+                          for g in group)
+        text = (f"{names} stopped being logged at step {first_missing}: {'null' if null else 'absent'} in the "
+                f"{rows_missing} row(s) from there to the end")
+        if null and source == "trl":
+            text += " (TRL logs a metric that is NaN at every step of a logging interval as null)"
+        readers = [r.name for r in ran if any(g.metric in r.metrics for g in group)]
+        if readers:
+            text += (f"; the rules that read {'it' if len(group) == 1 else 'them'} see the steps up to {last_step} "
+                     f"only: {', '.join(readers)}")
+        notes.append(text)
+    return notes
+
+
+def _off_reason(missing: Sequence[str], reasons: Mapping[str, str], all_null: set[str]) -> str:
+    """Why a rule is off: the metrics it needs and does not find, each group with why the log lacks it (when
+    known), e.g. "the log has no length_fail, length_pass (TRL does not split completion lengths ...)"."""
+    groups: dict[str, list[str]] = {}
+    for metric in missing:
+        why = "null at every step" if metric in all_null else reasons.get(metric, "")
+        groups.setdefault(why, []).append(metric)
+    return "the log has " + "; ".join(f"no {', '.join(metrics)}" + (f" ({why})" if why else "")
+                                      for why, metrics in groups.items())
+
+
 def diagnose(history: Sequence[Mapping[str, Any]], thresholds: Thresholds | None = None,
              kl_coef: float | None = None, rules: Sequence[Rule] | None = None) -> Report:
-    """Run every rule whose metrics the history has -> Report (symptoms in rule order, likeliest cause first)."""
+    """Run every rule whose metrics the history has -> Report (symptoms in rule order, likeliest cause first).
+
+    ``history``: rows, or a ``rlguard.diagnose.log.History`` (what ``read_history`` returns), whose ``source``,
+    ``nulls``, ``renamed`` and ``missing_reasons`` word the report's notes and the reasons of the rules that are off.
+    """
     th = thresholds or Thresholds()
-    ctx = Context(kl_coef=kl_coef)
-    present = set(keys_of(history))
-    symptoms, disabled = [], {}
-    for r in RULES if rules is None else rules:
+    source = getattr(history, "source", None)
+    nulls: Mapping[str, Sequence[int]] = getattr(history, "nulls", {})
+    ctx = Context(kl_coef=kl_coef, source=source)
+    present = {k for row in history for k, v in row.items() if is_number(v)}  # a key only ever null is not logged
+    all_null = set(_null_steps(history, nulls)) - present
+    reasons: Mapping[str, str] = getattr(history, "missing_reasons", {})
+    active = RULES if rules is None else rules
+    symptoms, disabled, off_reasons, ran = [], {}, {}, []
+    for r in active:
         missing = [k for k in r.requires if k not in present]
         if missing:
             disabled[r.name] = missing
+            off_reasons[r.name] = _off_reason(missing, reasons, all_null)
             continue
+        ran.append(r)
         found = r.check(history, th, ctx)
         if found is not None:
             symptoms.append(found)
-    return Report(symptoms, sorted(present - {"step"}), disabled, len(history))
+    notes = _stopped_notes(stopped_metrics(history, nulls), ran, source, getattr(history, "renamed", {}))
+    return Report(symptoms, sorted(present - {"step"}), disabled, len(history), off_reasons, notes)

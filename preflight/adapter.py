@@ -58,6 +58,10 @@ Optional (the check is skipped without it)
                                             runs it twice and compares (besides old_log_probs / log_probs).
 ``whole_batch_backward``                    True when ``backward`` takes only every row, in the trainer's own
                                             order: rows_in_step then skips its backward over pairs of rows.
+``documented_deviations() -> dict``        check name -> the trainer's own documented setting that produces that
+                                            check's fault signature by design (e.g. a framework's per-micro-batch
+                                            normalisation): a failure of that check is reported as a warning
+                                            (``warn``) naming the setting, not as a finding.
 ``stop_token_ids``                          the ids that end a completion (an attribute or a method; an int or
                                             a sequence): stop_token_trained checks the first one of each
                                             completion is in the loss mask (skipped without it).
@@ -88,7 +92,7 @@ REQUIRED = (
     "old_log_probs", "logits", "log_probs", "action_mask", "advantages", "loss", "backward", "make_reference",
     "make_optimizer", "update",
 )
-OPTIONAL = ("trainable_names", "pad_batch", "select_rows", "stop_token_ids", "ref_log_probs", "returns", "scoring_passes", "whole_batch_backward", "pad_prompts", "save", "load", "run_signature",
+OPTIONAL = ("trainable_names", "pad_batch", "select_rows", "stop_token_ids", "ref_log_probs", "returns", "scoring_passes", "whole_batch_backward", "documented_deviations", "pad_prompts", "save", "load", "run_signature",
             "greedy_rollout", "evaluate_greedy", "copy_model", "not_applicable")
 
 

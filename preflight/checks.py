@@ -9,7 +9,7 @@ from __future__ import annotations
 import copy
 import math
 import tempfile
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from functools import cached_property
 from pathlib import Path
 
@@ -40,11 +40,16 @@ class CheckResult:
     per_rank: list | None = None  # under torch.distributed: each rank's value (``value`` is the worst of them)
     seed: int | None = None  # the seed of the batch the check ran on, when not the suite's first batch
     error: bool = False  # the check itself raised: an rlguard error (no code, no finding), the cause in ``hint``
+    # the check measured its fault's signature, but the adapter says the trainer's documented setting does this by
+    # design (``documented_deviations``): passed, with the setting named in ``hint``
+    warning: bool = False
 
     def to_dict(self) -> dict:
         d = asdict(self)
         if not self.error:
             del d["error"]
+        if not self.warning:
+            del d["warning"]
         if self.seed is None:
             del d["seed"]
         d["value"] = None if isinstance(self.value, float) and math.isnan(self.value) else self.value
@@ -137,6 +142,19 @@ def _on(ctx: Context, other: Context, result: CheckResult, why: str) -> CheckRes
 
 def _state(model) -> dict:
     return dict(list(model.named_parameters()) + list(model.named_buffers()))
+
+
+def _loss_and_grad(adapter, model, batch, rows) -> tuple[float, torch.Tensor | None]:
+    """``adapter.loss`` over ``rows`` -> (its value, its gradient over the trainable parameters, flat; None when
+    the loss has no gradient). ``.grad`` is left as it was."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    with torch.enable_grad(), torch.random.fork_rng(devices=[]):
+        loss = adapter.loss(model, batch, rows)
+        if not params or not getattr(loss, "requires_grad", False):
+            return float(loss), None
+        grads = torch.autograd.grad(loss, params, allow_unused=True)
+    flat = torch.cat([(g if g is not None else torch.zeros_like(p)).flatten().float() for g, p in zip(grads, params)])
+    return float(loss.detach()), flat
 
 
 def _grads(model) -> torch.Tensor:
@@ -246,10 +264,50 @@ def _stop_token_result(ctx: Context, stops: tuple[int, ...]) -> CheckResult:
 
 def check_labels_shifted(ctx: Context) -> CheckResult:
     with torch.no_grad():
-        logits = ctx.adapter.logits(ctx.model, ctx.batch)
-        gathered = logits.float().log_softmax(-1).gather(-1, ctx.ids[:, 1:, None]).squeeze(-1)
+        logits = ctx.adapter.logits(ctx.model, ctx.batch).float()
+        gathered = logits.log_softmax(-1).gather(-1, ctx.ids[:, 1:, None]).squeeze(-1)
     err = float((ctx.trainer_logp - gathered).abs()[ctx.owned].max()) if ctx.owned.any() else 0.0
-    return _result("labels_shifted", err, "< 1e-5", err < 1e-5)
+    result = _result("labels_shifted", err, "< 1e-5", err < 1e-5)
+    if not result.passed:
+        scale = _temperature_scale(ctx.trainer_logp, logits, ctx.ids[:, 1:], ctx.owned)
+        if scale is not None:  # the right tokens at another temperature: not a shift
+            result = replace(result, code=SAMPLER_TRAINER_MISMATCH, hint=(
+                f"the trainer's log-probs are the model's logits x {scale:.3g} (a temperature {1 / scale:.3g} times "
+                "the one the logits are given at), at the right labels: the loss scores at another temperature "
+                "than the one the model's logits are divided by (see RLG007), not a label shift"))
+    return result
+
+
+def _temperature_scale(logp: torch.Tensor, logits: torch.Tensor, labels: torch.Tensor, owned: torch.Tensor,
+                       tol: float = 1e-4) -> float | None:
+    """The factor ``c`` != 1 with ``log_softmax(c * logits)[labels] == logp`` on the owned tokens (within ``tol``),
+    or None: a global rescaling of the logits, which a temperature is and a label shift is not. Golden-section
+    search over log c in [-3, 3] (the error is unimodal in c near its minimum for any one token set)."""
+    if not owned.any():
+        return None
+
+    def err(log_c: float) -> float:
+        with torch.no_grad():
+            g = (logits * math.exp(log_c)).log_softmax(-1).gather(-1, labels[..., None]).squeeze(-1)
+        return float((logp - g).abs()[owned].max())
+
+    lo, hi = -3.0, 3.0
+    ratio = (math.sqrt(5) - 1) / 2
+    a, b = hi - ratio * (hi - lo), lo + ratio * (hi - lo)
+    fa, fb = err(a), err(b)
+    for _ in range(60):
+        if fa < fb:
+            hi, b, fb = b, a, fa
+            a = hi - ratio * (hi - lo)
+            fa = err(a)
+        else:
+            lo, a, fa = a, b, fb
+            b = lo + ratio * (hi - lo)
+            fb = err(b)
+    log_c = (lo + hi) / 2
+    if err(log_c) > tol or abs(log_c) < 1e-3:
+        return None
+    return math.exp(log_c)
 
 
 def check_sampler_logp(ctx: Context) -> CheckResult:
@@ -400,16 +458,22 @@ def check_rows_in_step(ctx: Context) -> CheckResult:
     gen = torch.Generator().manual_seed(ctx.seed + 7)
     perm = group_permutation(len(ctx.rows), a.group_size, gen)
     model = ctx.fresh()
-    with torch.no_grad(), torch.random.fork_rng(devices=[]):
-        base = float(a.loss(model, ctx.batch, ctx.rows))
-        measured = [(float(a.loss(model, ctx.batch, ctx.rows[perm])), "the loss of the same rows in another order")]
-        if reordered is not None:
-            measured.append((float(a.loss(model, select_rows(a, ctx.batch, perm), ctx.rows)),
-                             "the loss of the batch with its rows permuted (groups kept together)"))
-    scale = max(abs(base), 1e-12)
+    # the loss's gradient where it has one, else its value: at ratio 1 a sequence-level surrogate's value is
+    # -mean(advantages) however rows are paired (and near 0 when advantages are centred, so that a relative
+    # difference of values measures rounding), while its gradient pairs each row's log-probs with an advantage
+    base = _loss_and_grad(a, model, ctx.batch, ctx.rows)
+    measured = [(_loss_and_grad(a, model, ctx.batch, ctx.rows[perm]), "the loss of the same rows in another order")]
+    if reordered is not None:
+        measured.append((_loss_and_grad(a, model, select_rows(a, ctx.batch, perm), ctx.rows),
+                         "the loss of the batch with its rows permuted (groups kept together)"))
+    scale = max(abs(base[0]), 1e-12)
     worst, what = 0.0, ""
-    for value, desc in measured:
-        err = abs(value - base) / scale
+    for (value, grad), desc in measured:
+        if grad is not None and base[1] is not None:
+            err = float((grad - base[1]).norm() / base[1].norm().clamp(min=1e-12))
+            desc = desc.replace("the loss", "the gradient of the loss")
+        else:
+            err = abs(value - base[0]) / scale
         if err > worst:
             worst, what = err, desc
     # the trainer's own backward over two rows, in both orders: a field taken in another order than the rest

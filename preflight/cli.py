@@ -13,13 +13,14 @@ def check_main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(
         prog="rlguard check",
         description="Run the preflight invariant suite on a trainer adapter. Exit 0: every check passed; "
-                    "1: a check failed; 2: a check could not run (an rlguard error, its cause printed); 125: the trainer "
+                    "1: a check failed; 2: a check could not run (an rlguard error, its cause printed) or the trainer's class "
+                    "or configuration is not supported; 125: the trainer "
                     "could not be built or run (git bisect's 'skip').")
     parser.add_argument("adapter", nargs="?",
                         help="module:attr of the adapter (instance, class or factory), or a module")
     parser.add_argument("--trl", metavar="MODULE:FUNCTION",
-                        help="instead of an adapter: a function returning a constructed trl.GRPOTrainer (your "
-                             "subclass, config and reward functions); needs the [trl] extra")
+                        help="instead of an adapter: a function returning a constructed trl.GRPOTrainer or "
+                             "trl.RLOOTrainer (your subclass, config and reward functions); needs the [trl] extra")
     parser.add_argument("--out", help="write report.md and report.json into this folder")
     parser.add_argument("--seed", type=int, default=0, help="seed of the batch (default 0)")
     parser.add_argument("--only", help="comma-separated check names")
@@ -51,6 +52,9 @@ def check_main(argv: list[str]) -> int:
         try:
             adapter = load_adapter(args.adapter) if args.trl is None else _trl_adapter(args.trl, args.seed)
             loaded = None
+        except UsageError as exc:  # a trainer or configuration the TRL integration does not drive: not a "skip"
+            print(f"rlguard check: {exc}", file=sys.stderr)
+            return EXIT_USAGE
         except AdapterError as exc:
             loaded = str(exc)
         if group and _any_rank(loaded):  # every rank gives up together, never one alone
@@ -83,6 +87,10 @@ def check_main(argv: list[str]) -> int:
             dist.destroy_process_group()
 
 
+class UsageError(Exception):
+    """What the user asked for cannot be checked as given (exit 2, not git bisect's "skip")."""
+
+
 def _trl_adapter(spec: str, seed: int):
     """The preflight adapter over the GRPOTrainer that ``spec``'s function builds (AdapterError if it cannot)."""
     from rlguard.integrations.trl import TRLPreflightError, adapter_from_factory, load_trainer_factory
@@ -96,8 +104,8 @@ def _trl_adapter(spec: str, seed: int):
         raise AdapterError(f"--trl {spec}: {exc}") from exc
     try:
         return adapter_from_factory(factory, seed=seed)
-    except TRLPreflightError as exc:
-        raise AdapterError(f"--trl {spec}: {exc}") from exc
+    except TRLPreflightError as exc:  # the trainer's class or configuration: the user's to change
+        raise UsageError(f"--trl {spec}: {exc}") from exc
     except Exception as exc:  # noqa: BLE001 - the user's function raised: the trainer could not be built
         raise AdapterError(f"--trl {spec}: building the trainer failed: {type(exc).__name__}: {exc}") from exc
 

@@ -19,7 +19,11 @@ def _fmt(value: float) -> str:
 
 
 def _status(c) -> str:
-    return "ERROR" if getattr(c, "error", False) else "skip" if c.skipped else ("ok" if c.passed else "FAIL")
+    if getattr(c, "error", False):
+        return "ERROR"
+    if getattr(c, "warning", False):
+        return "warn"
+    return "skip" if c.skipped else ("ok" if c.passed else "FAIL")
 
 
 def table(report: Report) -> str:
@@ -37,6 +41,8 @@ def table(report: Report) -> str:
                       f"{', '.join(report.errors)}")
     if report.skipped:
         lines[-1] += f" ({len(report.skipped)} skipped: {', '.join(report.skipped)})"
+    if getattr(report, "warnings", None):
+        lines[-1] += f"; {len(report.warnings)} warning(s), by a documented setting: {', '.join(report.warnings)}"
     others = [(c.name, c.seed) for c in report.checks if getattr(c, "seed", None) is not None]
     if others:
         lines.append("batches: the first for every check but " + ", ".join(f"{n} (seed {s})" for n, s in others))

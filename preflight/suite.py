@@ -39,6 +39,11 @@ class Report:
     def skipped(self) -> list[str]:
         return [c.name for c in self.checks if c.skipped]
 
+    @property
+    def warnings(self) -> list[str]:
+        """Checks whose fault signature a documented setting of the trainer produces by design."""
+        return [c.name for c in self.checks if getattr(c, "warning", False)]
+
     def to_dict(self) -> dict:
         d = {"passed": self.passed, "checks": [c.to_dict() for c in self.checks]}
         if self.world_size > 1:
@@ -97,6 +102,7 @@ def run_suite(adapter, seed: int = 0, only: Iterable[str] | None = None,
     elif error is not None:
         raise TrainerError(error)
     report = Report()
+    documented = _documented_deviations(adapter)
     for i, name in enumerate(names):
         fn, code, _ = CHECKS[name]
         if progress is not None:
@@ -110,12 +116,39 @@ def run_suite(adapter, seed: int = 0, only: Iterable[str] | None = None,
             result = CheckResult(name, code, float("nan"), "-", False, str(exc)[:300])
         except Exception as exc:  # noqa: BLE001 - a crash inside a check is an rlguard error, not a finding
             result = CheckResult(name, None, float("nan"), "-", False, f"rlguard error: {_cause(exc)}", error=True)
+        if not result.passed and not result.error and name in documented:
+            result = replace(result, passed=True, warning=True,
+                             hint=f"warning: {documented[name]} (measured: {result.hint})")
         report.checks.append(result)
+    _explain_errors(report)
     if world > 1:
         report = aggregate(_gather(report.checks))
     if progress is not None:
         progress(len(names), len(names), "done")
     return report
+
+
+def _documented_deviations(adapter) -> dict[str, str]:
+    """The adapter's optional ``documented_deviations()``: check name -> the trainer's setting that produces that
+    check's fault signature by design (a framework's documented normalisation, say), reported as a warning."""
+    fn = getattr(adapter, "documented_deviations", None)
+    if fn is None:
+        return {}
+    try:
+        return dict(fn())
+    except Exception:  # noqa: BLE001 - a broken optional hook: no deviation is documented
+        return {}
+
+
+def _explain_errors(report: Report) -> None:
+    """Name the finding an rlguard error follows from, where one does: targets that carry an autograd graph make
+    every later backward through them raise (the graph was freed by the first)."""
+    attached = next((c for c in report.checks if c.name == "targets_detached" and not c.passed and not c.error), None)
+    if attached is None:
+        return
+    for c in report.checks:
+        if c.error and "backward through the graph a second time" in c.hint:
+            c.hint += (f" - a consequence of targets_detached ({attached.code}): {attached.hint}")
 
 
 def _cause(exc: BaseException) -> str:

@@ -80,7 +80,7 @@ CONFIG = dict(per_device_train_batch_size=4, gradient_accumulation_steps=2, num_
               save_strategy="no", use_cpu=True, seed=0, beta=0.0, disable_tqdm=True)
 
 
-def make_trainer(cls=None, callbacks=None, output_dir=None, **overrides):
+def make_trainer(cls=None, callbacks=None, output_dir=None, reward_funcs=None, **overrides):
     """A ``GRPOTrainer`` (or subclass ``cls``) on the tiny model; ``overrides`` are ``GRPOConfig`` fields."""
     from trl import GRPOConfig, GRPOTrainer
 
@@ -89,20 +89,39 @@ def make_trainer(cls=None, callbacks=None, output_dir=None, **overrides):
     from transformers.trainer_callback import PrinterCallback
 
     args = GRPOConfig(output_dir=output_dir, **{**CONFIG, **overrides})
-    trainer = (cls or GRPOTrainer)(model=model_dir(), reward_funcs=reward_good_words, args=args,
+    trainer = (cls or GRPOTrainer)(model=model_dir(), reward_funcs=reward_funcs or reward_good_words, args=args,
                                    train_dataset=dataset(), processing_class=tokenizer(), callbacks=callbacks)
     trainer.remove_callback(PrinterCallback)  # the tests read trainer.state.log_history instead
+    return trainer
+
+
+def make_rloo_trainer(cls=None, callbacks=None, output_dir=None, reward_funcs=None, **overrides):
+    """An ``RLOOTrainer`` (or subclass ``cls``) on the tiny model, with the GRPO tests' batch layout."""
+    from transformers.trainer_callback import PrinterCallback
+    from trl import RLOOConfig, RLOOTrainer
+
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    output_dir = output_dir or scratch("out-")
+    args = RLOOConfig(output_dir=output_dir, **{**CONFIG, **overrides})
+    trainer = (cls or RLOOTrainer)(model=model_dir(), reward_funcs=reward_funcs or reward_good_words, args=args,
+                                   train_dataset=dataset(), processing_class=tokenizer(), callbacks=callbacks)
+    trainer.remove_callback(PrinterCallback)
     return trainer
 
 
 # -------------------------------------------------------------------------------- seeded faults (small subclasses)
 
 
-def fault_classes():
-    """name -> ``Fault``: a small subclass of GRPOTrainer or a configuration that seeds one catalog fault."""
-    from trl import GRPOTrainer
+def fault_classes(base=None):
+    """name -> ``Fault``: a small subclass of ``base`` (GRPOTrainer by default, or RLOOTrainer) or a configuration
+    that seeds one catalog fault, written as a user of that trainer would."""
+    from trl import GRPOTrainer, RLOOTrainer
 
     from rlguard.catalog import BY_NAME
+
+    base = base or GRPOTrainer
+    rloo = issubclass(base, RLOOTrainer)
+    GRPOTrainer = base  # noqa: N806 - the classes below subclass the trainer under test
 
     class ShiftedCompletionMask(GRPOTrainer):
         """RLG001: the completion mask moved one token right (a pad on the wrong side)."""
@@ -158,8 +177,25 @@ def fault_classes():
                 with torch.no_grad():
                     logps, _, _ = self._get_per_token_logps_and_entropies(
                         self.model, ids, mask, inputs["completion_ids"].shape[1])
-                inputs = {**inputs, "old_per_token_logps": logps}
+                if "old_logps" in inputs:  # RLOO keeps the sequence sums
+                    inputs = {**inputs, "old_logps": (logps * inputs["completion_mask"]).sum(1)}
+                else:
+                    inputs = {**inputs, "old_per_token_logps": logps}
             return inputs
+
+    class OldLogpsWithAutograd(GRPOTrainer):
+        """RLG003: old log-probs recomputed after generation outside ``torch.no_grad()``: they carry the graph."""
+
+        def _generate_and_score_completions(self, inputs):
+            out = super()._generate_and_score_completions(inputs)
+            ids = torch.cat([out["prompt_ids"], out["completion_ids"]], dim=1)
+            mask = torch.cat([out["prompt_mask"], out["completion_mask"]], dim=1)
+            logps, _, _ = self._get_per_token_logps_and_entropies(self.model, ids, mask, out["completion_ids"].shape[1])
+            if "old_logps" in out:
+                out["old_logps"] = (logps * out["completion_mask"]).sum(1)
+            else:
+                out["old_per_token_logps"] = logps
+            return out
 
     class PadIsEos(GRPOTrainer):
         """RLG017: the pad token set to the EOS token, and a completion mask rebuilt as ids != pad_token_id."""
@@ -190,6 +226,13 @@ def fault_classes():
             return super()._get_per_token_logps_and_entropies(model, input_ids, torch.ones_like(attention_mask),
                                                               *args, **kwargs)
 
+    class LocalTokenMean(GRPOTrainer):
+        """RLG006: the loss normalised by each micro-batch's own token count (the generation batch's count
+        replaced by the local one), so accumulated micro-batches weigh their tokens unequally."""
+
+        def _compute_loss(self, model, inputs):
+            return super()._compute_loss(model, {**inputs, "num_items_in_batch": inputs["completion_mask"].sum()})
+
     class RowsSortedForTheLoss(GRPOTrainer):
         """RLG019: the loss's rows sorted by completion length, the advantages left in the batch's order."""
 
@@ -200,7 +243,8 @@ def fault_classes():
                       else v for k, v in inputs.items()}
             return super()._compute_loss(model, inputs)
 
-    return {
+    faults = {
+        "old_logp_attached": Fault(OldLogpsWithAutograd, {}, "targets_detached", BY_NAME["detached-targets"].code),
         "pad_is_eos": Fault(PadIsEos, {}, "stop_token_trained", BY_NAME["stop-token-untrained"].code),
         "attention_dropout": Fault(AttentionDropout, {"num_iterations": 2, "disable_dropout": True},
                                    "scoring_eval_mode", BY_NAME["train-mode-scoring"].code),
@@ -210,10 +254,9 @@ def fault_classes():
         "sign_flip": Fault(NegatedAdvantages, {}, "advantage_direction", BY_NAME["advantage-sign"].code),
         "ref_is_policy": Fault(ReferenceIsPolicy, {"beta": 0.1}, "kl_positive", BY_NAME["reference-alias"].code),
         "group_mean_batch": Fault(WholeBatchBaseline, {}, "group_mean", BY_NAME["group-baseline"].code),
-        # TRL's own "bnpo" loss is a per-micro-batch token mean divided by the accumulation steps; "dapo" (the
-        # default) divides by the generation batch's token count
-        "accum_local": Fault(GRPOTrainer, {"loss_type": "bnpo"}, "accumulation", BY_NAME["accumulation-scale"].code,
-                             healthy={"loss_type": "dapo"}),
+        # "dapo" (the default) divides by the generation batch's token count; TRL's own "bnpo" is a per-micro-batch
+        # token mean by design, which the preflight reports as a warning naming the setting, not as this fault
+        "accum_local": Fault(LocalTokenMean, {}, "accumulation", BY_NAME["accumulation-scale"].code),
         "sampler_temp": Fault(SamplerTemperature, {}, "sampler_logp", BY_NAME["sampler-trainer-mismatch"].code),
         "stale_old_logp": Fault(OldLogpsRecomputed, {"num_iterations": 2}, "old_logp_frozen",
                                 BY_NAME["old-logp-recomputed"].code),
@@ -223,6 +266,12 @@ def fault_classes():
         "kl_sign": Fault(GRPOTrainer, {"beta": -0.1}, "kl_direction", BY_NAME["kl-sign"].code,
                          healthy={"beta": 0.1}),
     }
+    if rloo:  # RLOO's loss has no entropy or KL term and no loss_type (its KL is a reward penalty)
+        for name in ("entropy_sign", "kl_sign", "accum_local"):
+            del faults[name]
+        for fault in faults.values():
+            fault.rloo = True
+    return faults
 
 
 @dataclass
@@ -236,13 +285,16 @@ class Fault:
     code: str
     healthy: dict | None = None
     peft: bool = False  # on a LoRA trainer (make_peft_trainer)
+    rloo: bool = False  # on an RLOOTrainer (make_rloo_trainer)
+
+    def _maker(self):
+        return make_peft_trainer if self.peft else make_rloo_trainer if self.rloo else make_trainer
 
     def faulty_trainer(self):
-        return (make_peft_trainer if self.peft else make_trainer)(self.cls, **self.config)
+        return self._maker()(self.cls, **self.config)
 
     def healthy_trainer(self):
-        return (make_peft_trainer if self.peft else make_trainer)(
-            **(self.config if self.healthy is None else self.healthy))
+        return self._maker()(**(self.config if self.healthy is None else self.healthy))
 
 
 # -------------------------------------------------------------------------------- PEFT (LoRA)
@@ -256,14 +308,14 @@ def lora_config(**overrides):
                          "task_type": "CAUSAL_LM", **overrides})
 
 
-def make_peft_trainer(cls=None, callbacks=None, peft=None, **overrides):
+def make_peft_trainer(cls=None, callbacks=None, peft=None, reward_funcs=None, **overrides):
     """``make_trainer`` with a LoRA adapter (``peft_config``): TRL wraps the tiny model in a ``PeftModel``."""
     from trl import GRPOConfig, GRPOTrainer
     from transformers.trainer_callback import PrinterCallback
 
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     args = GRPOConfig(output_dir=scratch("out-"), **{**CONFIG, **overrides})
-    trainer = (cls or GRPOTrainer)(model=model_dir(), reward_funcs=reward_good_words, args=args,
+    trainer = (cls or GRPOTrainer)(model=model_dir(), reward_funcs=reward_funcs or reward_good_words, args=args,
                                    train_dataset=dataset(), processing_class=tokenizer(), callbacks=callbacks,
                                    peft_config=peft or lora_config())
     trainer.remove_callback(PrinterCallback)

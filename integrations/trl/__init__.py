@@ -1,4 +1,4 @@
-"""rlguard for TRL's ``GRPOTrainer``: the preflight suite with no adapter to write, and a training callback.
+"""rlguard for TRL's ``GRPOTrainer`` and ``RLOOTrainer``: the preflight suite with no adapter to write, and a training callback.
 
     from rlguard.integrations.trl import preflight, RlguardCallback
     report = preflight(make_trainer)            # or a constructed trainer; rlguard check --trl module:make_trainer
@@ -16,12 +16,14 @@ from rlguard.integrations.trl.preflight import (  # noqa: E402 - only once the v
     GenerationBatch,
     GRPOAdapter,
     PeftReference,
+    SUPPORTED_TRAINERS,
     TRLPreflightError,
+    UnsupportedTrainerError,
     adapter_from_factory,
     load_trainer_factory,
     preflight,
 )
 
 __all__ = ["SUPPORTED_TRL", "TRL_VERSION", "UnsupportedTRLError", "GRPOAdapter", "GenerationBatch", "PeftReference",
-           "TRLPreflightError", "adapter_from_factory", "load_trainer_factory", "preflight", "RlguardCallback",
+           "TRLPreflightError", "SUPPORTED_TRAINERS", "UnsupportedTrainerError", "adapter_from_factory", "load_trainer_factory", "preflight", "RlguardCallback",
            "TRL_METRICS", "diagnose_row"]

@@ -1,4 +1,5 @@
-"""``RlguardCallback``: rlguard's contracts and live diagnosis inside ``GRPOTrainer.train()``.
+"""``RlguardCallback``: rlguard's contracts and live diagnosis inside ``GRPOTrainer.train()`` and
+``RLOOTrainer.train()`` (any other trainer is refused when the callback is made, before training starts).
 
     trainer = GRPOTrainer(...)
     RlguardCallback.attach(trainer, mode="raise")      # = trainer.add_callback(RlguardCallback(trainer, ...))
@@ -26,11 +27,20 @@ What it checks, and where:
 "warn" logs each violation once (logger ``rlguard.contracts``) and warns each symptom (``SymptomWarning``);
 "off" does nothing. The checks draw no random numbers and write no tensor: training is bit-identical with the
 callback on and off.
+
+The callback never breaks the run it watches by itself: only a violation (``ContractViolation``) or a symptom
+(``SymptomError``) in "raise" mode stops training. An unexpected error inside one of rlguard's own checks is
+logged once (logger ``rlguard.contracts``) with what was being checked, and that check is switched off for the
+rest of the run (``RlguardCallback.switched_off`` lists them); TRL's own code runs exactly as without it.
+
+RLOO: its generation dict holds sequence-level old log-probs (``old_logps`` [B], the masked sum of the per-token
+ones) and no reference log-probs (its KL is a reward penalty, inside the advantages), so the checks read those.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 from typing import Annotated, Any, Optional
 
@@ -39,25 +49,18 @@ from jaxtyping import Float, Int
 from torch import Tensor
 from transformers import TrainerCallback
 
-from rlguard.contracts import Batch, Finite, Frozen, Guard, GroupCentred, Mask, MatchesOwner, NoGrad, check_batch
+from rlguard.contracts import (Batch, ContractViolation, Finite, FollowsRewards, Frozen, Guard, GroupCentred, Mask,
+                               MatchesOwner, NoGrad, UpdateDirection, check_batch)
 from rlguard.contracts import mode as contracts_mode
 from rlguard.contracts.markers import POLICY_ROLE
-from rlguard.diagnose import Monitor, Thresholds
-from rlguard.integrations.trl.preflight import adapter_parameter_names, per_token, policy_written
+from rlguard.diagnose import Monitor, SymptomError, Thresholds
+from rlguard.diagnose.trl_logs import TRL_METRICS  # TRL's name -> rlguard's, shared with `rlguard diagnose`
+from rlguard.integrations.trl.preflight import (RLOOTrainer, adapter_parameter_names, per_token, policy_written,
+                                                supported_trainer)
+
+_log = logging.getLogger("rlguard.contracts")
 
 MODES = ("raise", "warn", "off")
-
-# TRL's logged name -> rlguard.diagnose's name (docs/diagnose.md describes each)
-TRL_METRICS = {
-    "reward": "reward",
-    "entropy": "entropy",
-    "kl": "kl_ref",
-    "clip_ratio/region_mean": "clip_frac",
-    "grad_norm": "grad_norm",
-    "completions/mean_length": "length",
-    "frac_reward_zero_std": "zero_adv_frac",
-    "sampling/sampling_logp_difference/mean": "logp_gap",
-}
 
 
 def diagnose_row(logs: dict, step: int, beta: float) -> dict:
@@ -74,33 +77,67 @@ def diagnose_row(logs: dict, step: int, beta: float) -> dict:
 # Shapes: prompt [B, P], completion [B, C]; per-token tensors over the whole episode are [B, T-1], T = P + C.
 # TRL's dicts hold completion-only tensors; the checks that need the whole episode (the mask against the tokens
 # the sampler wrote, the rows' identity) read the few tensors the callback adds in rlguard's layout.
-_GENERATED = dict(
-    owner=Int[Tensor, "B T"],
-    action_mask=Annotated[Mask[Tensor, "B T-1"], MatchesOwner(owner="owner", policy_role=POLICY_ROLE)],
-    old_per_token_logps=Optional[Annotated[Float[Tensor, "B C"], NoGrad(), Finite()]],
-    ref_per_token_logps=Optional[Annotated[Float[Tensor, "B C"], NoGrad(), Finite()]],
-    sampling_per_token_logps=Optional[Annotated[Float[Tensor, "B C"], NoGrad()]],
-)
-# the generation batch, one process: advantages centred per group of `group_size` completions
-GENERATION_BATCH = Batch(
-    **_GENERATED, group_size=int,
-    advantages=Annotated[Float[Tensor, "B"], NoGrad(), Finite(), GroupCentred(group_size="group_size")])
-# the same with several processes: a group's completions are spread over ranks, so no group check
-UNGROUPED_GENERATION_BATCH = Batch(**_GENERATED, advantages=Annotated[Float[Tensor, "B"], NoGrad(), Finite()])
-# one micro-batch's loss inputs and the log-probs the loss computed from them
-LOSS_INPUTS = Batch(
-    ids=Int[Tensor, "B T"],
-    completion_mask=Mask[Tensor, "B C"],
-    logp=Annotated[Float[Tensor, "B C"], Finite()],
-    old_per_token_logps=Optional[Annotated[Float[Tensor, "B C"], NoGrad(), Finite(),
-                                           Frozen(current="logp", key="ids", mask="completion_mask")]],
-)
+def generation_spec(rloo: bool, grouped: bool, ranked: bool) -> Batch:
+    """The batch spec of a generation dict. GRPO's holds per-token old/reference/sampling log-probs ([B, C]);
+    RLOO's sequence-level old log-probs (``old_logps`` [B]) and no reference ones (its KL is in the advantages).
+    ``grouped`` (one process: every group's completions are here): advantages centred per group of
+    ``group_size``. ``ranked``: within a group, a higher reward (``rewards`` [B], the weighted sum of the reward
+    functions) never gets a lower advantage (RLG005 at every generation: a sign that flips mid-run shows at once)."""
+    fields: dict = dict(
+        owner=Int[Tensor, "B T"],
+        action_mask=Annotated[Mask[Tensor, "B T-1"], MatchesOwner(owner="owner", policy_role=POLICY_ROLE)])
+    if rloo:
+        fields["old_logps"] = Annotated[Float[Tensor, "B"], NoGrad(), Finite()]
+    else:
+        fields.update(old_per_token_logps=Optional[Annotated[Float[Tensor, "B C"], NoGrad(), Finite()]],
+                      ref_per_token_logps=Optional[Annotated[Float[Tensor, "B C"], NoGrad(), Finite()]],
+                      sampling_per_token_logps=Optional[Annotated[Float[Tensor, "B C"], NoGrad()]])
+    markers: list = [NoGrad(), Finite()]
+    if grouped:
+        fields["group_size"] = int
+        markers.append(GroupCentred(group_size="group_size"))
+        if ranked:
+            fields["rewards"] = Float[Tensor, "B"]
+            markers.append(FollowsRewards(rewards="rewards", group_size="group_size"))
+    fields["advantages"] = Annotated[(Float[Tensor, "B"], *markers)]
+    return Batch(**fields)
+
+
+# what a reward function returns, one value per completion (None: unscorable, TRL's convention)
+REWARDS = Batch(rewards=Annotated[Float[Tensor, "N"], Finite()])
+def loss_spec(rloo: bool, directed: bool) -> Batch:
+    """One micro-batch's loss inputs and the per-token log-probs the loss computed from them (``logp`` [B, C]).
+    Old log-probs are frozen within the generation (RLG002): GRPO's per token, RLOO's per sequence (``old_logps``
+    against ``logp_sum``, the masked sums of ``logp``). ``directed`` (rows seen again after an optimizer step in
+    the same generation): the update moves each row's log-probability the way its advantage says (RLG005, the
+    verdict at the end of each generation's update: a surrogate that loses its minus mid-run shows there)."""
+    markers: list = [Finite()]
+    if directed:
+        markers.append(UpdateDirection(advantages="advantages", mask="completion_mask", key="ids"))
+    fields: dict = dict(ids=Int[Tensor, "B T"], completion_mask=Mask[Tensor, "B C"],
+                        logp=Annotated[(Float[Tensor, "B C"], *markers)], advantages=Float[Tensor, "B ..."])
+    if rloo:
+        fields.update(logp_sum=Float[Tensor, "B"],
+                      old_logps=Annotated[Float[Tensor, "B"], NoGrad(), Finite(), Frozen(current="logp_sum", key="ids")])
+    else:
+        fields["old_per_token_logps"] = Optional[Annotated[Float[Tensor, "B C"], NoGrad(), Finite(), Frozen(
+            current="logp", key="ids", mask="completion_mask")]]
+    return Batch(**fields)
+
+
+# the checks the callback can switch off one by one (after an internal error of its own)
+GUARD = "Guard's reference and frozen-parameter checks (RLG008, RLG014)"
+GENERATION = "checks of the generation batch (RLG001, RLG003, RLG005, RLG009)"
+REWARDS_CHECK = "checks of the reward functions' values"
+LOSS = "checks of the loss inputs (RLG002) and the PPO ratio"
+DIAGNOSIS = "live diagnosis of the logged metrics"
 
 
 class RlguardCallback(TrainerCallback):
     """Contracts at TRL's batch seams, reference checks around optimizer steps, and live diagnosis.
 
-    ``trainer``: the ``GRPOTrainer`` it watches (add the callback to it, or use ``attach``). ``contracts`` /
+    ``trainer``: the ``GRPOTrainer`` or ``RLOOTrainer`` it watches (add the callback to it, or use ``attach``);
+    any other trainer raises ``UnsupportedTrainerError`` here, before training starts. ``contracts`` /
     ``monitor``: turn either part off. ``thresholds``, ``window``, ``log_path``: the ``Monitor``'s (a JSONL log
     of the mapped rows, readable by ``rlguard diagnose``). ``check_every``: the guard's float64 fingerprint of
     the reference on every N-th optimizer step only (its version counters see every step); the seams' value
@@ -113,6 +150,8 @@ class RlguardCallback(TrainerCallback):
             raise ValueError(f"RlguardCallback mode must be one of {MODES}, got {mode!r}")
         if not isinstance(check_every, int) or check_every < 1:
             raise ValueError(f"check_every must be a positive int, got {check_every!r}")
+        self.trainer_class = supported_trainer(trainer, what="trainer given to RlguardCallback")
+        self.rloo = issubclass(self.trainer_class, RLOOTrainer)
         self.trainer = trainer
         self.mode = mode
         self.contracts = contracts and mode != "off"
@@ -128,35 +167,112 @@ class RlguardCallback(TrainerCallback):
         self._loss_frames: list[dict] = []
         self._ratio = [-math.inf, math.inf]  # max, min of the PPO ratio since the last log
         self._step_mode = None
+        self._rewards = None  # what _calculate_rewards returned for the generation being checked
+        self._reward_funcs: list | None = None  # the trainer's own reward functions, while they are wrapped
+        self._logged: dict[str, set[str]] = {}  # kind of row -> TRL metrics logged in it with a finite value
+        self._last_step = 0
+        self.vanished: dict[str, int] = {}  # TRL metric -> the logging step from which it was missing or NaN
+        self.switched_off: dict[str, str] = {}  # check -> the internal error that switched it off
 
     @classmethod
     def attach(cls, trainer, **kwargs) -> RlguardCallback:
-        """A callback for ``trainer``, added to it."""
+        """A callback for ``trainer``, added to it (``UnsupportedTrainerError`` for another kind of trainer)."""
         callback = cls(trainer, **kwargs)
         trainer.add_callback(callback)
         return callback
 
+    # -- rlguard's own failures ------------------------------------------------------------------------------------
+    def _safely(self, check: str, fn, *args):
+        """``fn(*args)``, rlguard's own code for ``check``: a violation or a symptom propagates (it is the news);
+        any other error is rlguard's: logged once with what was being checked, and ``check`` switched off."""
+        if check in self.switched_off:
+            return None
+        try:
+            return fn(*args)
+        except (ContractViolation, SymptomError):
+            raise
+        except Exception as exc:  # noqa: BLE001 - rlguard's own failure must not stop the run it watches
+            self.switched_off[check] = f"{type(exc).__name__}: {exc}"
+            _log.error("rlguard: internal error in the %s (%s: %s); that check is switched off for the rest of "
+                       "the run, training goes on", check, type(exc).__name__, exc)
+            if check == GUARD:  # its hooks must not run half-built
+                self._close_guard()
+            return None
+
     # -- training events ---------------------------------------------------------------------------------------
     def on_train_begin(self, args, state, control, optimizer=None, **kwargs):
+        # a trainer swapped since the callback was made is refused here, before the first step
+        supported_trainer(self.trainer, what="trainer given to RlguardCallback")
         self._release()  # a previous train() that ended in an exception left its wrappers and guard
-        t = self.trainer
         if self.contracts:
-            optimizer = getattr(optimizer, "optimizer", optimizer)  # accelerate's AcceleratedOptimizer wraps torch's
-            reference = t.ref_model if t.beta != 0.0 else None
-            frozen = None  # the policy's parameters with requires_grad off now
-            names = adapter_parameter_names(t.model)
-            if names:  # PEFT: what must not move is everything outside the adapter, whatever requires_grad says
-                adapter = frozenset(id(p) for n, p in t.model.named_parameters() if n in names)
-                frozen = lambda _name, tensor: id(tensor) not in adapter  # noqa: E731 - by identity: the guard
-                # names the tensors as the unwrapped model does
-            with contracts_mode(self.mode):
-                self.guard = Guard(policy=t.model, reference=reference, optimizer=optimizer,
-                                   check_every=self.check_every, frozen=frozen)
+            self._safely(GUARD, self._start_guard, optimizer)
+            self._safely(GENERATION, self._choose_generation_spec)
             self._wrap("_generate", self._observed_generate)
+            self._wrap("_calculate_rewards", self._observed_rewards)
             self._wrap("_generate_and_score_completions", self._checked_generation)
+            self._safely(REWARDS_CHECK, self._wrap_reward_functions)
         if self.contracts or self.monitor is not None:  # the monitor reads the PPO ratio from the loss seam
             self._wrap("_compute_loss", self._checked_loss)
             self._wrap("_get_per_token_logps_and_entropies", self._observed_logps)
+
+    def _choose_generation_spec(self) -> None:
+        t = self.trainer
+        grouped = t.accelerator.num_processes == 1
+        # advantages ranked as the rewards where they are an increasing function of the weighted reward sum
+        # within a group: GRPO summing before normalising; RLOO without a KL penalty in its rewards
+        ranked = (t.beta == 0.0 if self.rloo else
+                  getattr(t, "multi_objective_aggregation", "sum_then_normalize") == "sum_then_normalize")
+        self._ranked = grouped and ranked
+        self._generation_spec = generation_spec(self.rloo, grouped, self._ranked)
+        self._loss_spec = loss_spec(self.rloo, directed=self._multi_step())
+
+    def _wrap_reward_functions(self) -> None:
+        """Each plain (synchronous, not ``nn.Module``) reward function, wrapped to check what it returns before
+        TRL turns a missing reward (None) into NaN and NaN advantages into 0: a NaN or infinite reward is the
+        user's function misbehaving. The same list object is returned to TRL, unchanged."""
+        from trl.trainer.utils import is_async_callable  # TRL's own test, as it dispatches them
+
+        t = self.trainer
+        funcs = list(t.reward_funcs)
+        wrapped = []
+        for func, name in zip(funcs, t.reward_func_names):
+            if isinstance(func, torch.nn.Module) or is_async_callable(func):
+                wrapped.append(func)
+            else:
+                wrapped.append(self._checked_reward_function(func, name))
+        self._reward_funcs = funcs
+        t.reward_funcs = wrapped
+
+    def _checked_reward_function(self, func, name: str):
+        def checked(*args, **kwargs):
+            out = func(*args, **kwargs)
+            self._safely(REWARDS_CHECK, self._check_rewards, out, name)
+            return out
+
+        checked.__name__ = getattr(func, "__name__", name)
+        checked.__wrapped__ = func
+        return checked
+
+    def _check_rewards(self, out, name: str) -> None:
+        values = [float(r) for r in out if r is not None]
+        if values:
+            with contracts_mode(self.mode):
+                check_batch(REWARDS, {"rewards": torch.tensor(values, dtype=torch.float64)}, where=name,
+                            name="output")
+
+    def _start_guard(self, optimizer) -> None:
+        t = self.trainer
+        optimizer = getattr(optimizer, "optimizer", optimizer)  # accelerate's AcceleratedOptimizer wraps torch's
+        reference = t.ref_model if t.beta != 0.0 else None
+        frozen = None  # the policy's parameters with requires_grad off now
+        names = adapter_parameter_names(t.model)
+        if names:  # PEFT: what must not move is everything outside the adapter, whatever requires_grad says
+            adapter = frozenset(id(p) for n, p in t.model.named_parameters() if n in names)
+            frozen = lambda _name, tensor: id(tensor) not in adapter  # noqa: E731 - by identity: the guard
+            # names the tensors as the unwrapped model does
+        with contracts_mode(self.mode):
+            self.guard = Guard(policy=t.model, reference=reference, optimizer=optimizer,
+                               check_every=self.check_every, frozen=frozen)
 
     def on_pre_optimizer_step(self, args, state, control, **kwargs):
         if self.guard is not None:  # the guard's step hooks report under the callback's mode
@@ -169,14 +285,37 @@ class RlguardCallback(TrainerCallback):
     def on_log(self, args, state, control, logs=None, **kwargs):
         if self.monitor is None or not logs or any(key.startswith("eval_") for key in logs):
             return  # evaluation rows are not training steps
+        self._safely(DIAGNOSIS, self._diagnose, logs, state.global_step)
+
+    def _diagnose(self, logs: dict, step: int) -> None:
         if not any(key in logs for key in TRL_METRICS):
             return  # the end-of-training summary, when the last logging step has already taken the metrics
-        row = diagnose_row({k: v for k, v in logs.items() if not k.startswith("train_")}, state.global_step,
-                           self.trainer.beta)
+        self._watch_metrics(logs, step)
+        row = diagnose_row({k: v for k, v in logs.items() if not k.startswith("train_")}, step, self.trainer.beta)
         if self._multi_step() and self._ratio[0] > -math.inf:
             row["ratio_max"], row["ratio_min"] = self._ratio
         self._ratio = [-math.inf, math.inf]
         self.monitor.step(row)
+
+    def _watch_metrics(self, logs: dict, step: int) -> None:
+        """A metric TRL logged before and no longer logs (TRL logs an all-NaN metric as NaN, which JSON logs
+        write as null): said once, with the step, because no symptom rule can read a metric that is gone."""
+        # TRL logs the generation's metrics (completions/*, rewards, kl) only at the steps that generate, the
+        # loss's at every step: a metric is missing when a row of its kind lacks it
+        kind = "generation" if any(key.startswith("completions/") for key in logs) else "loss"
+        present = set()
+        for key, value in logs.items():
+            if key in TRL_METRICS or key.startswith("rewards/"):
+                if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+                    present.add(key)
+        logged = self._logged.setdefault(kind, set())
+        for key in sorted(logged - present - set(self.vanished)):
+            self.vanished[key] = int(step)
+            _log.warning("rlguard: TRL's metric %r was logged until step %d and is missing or NaN from step %d on "
+                         "(a reward function returning NaN or None, or a term that stopped being computed); the "
+                         "symptom rules that read it see nothing from here", key, self._last_step, step)
+        logged |= present
+        self._last_step = int(step)
 
     def on_train_end(self, args, state, control, **kwargs):
         self._release()
@@ -186,7 +325,7 @@ class RlguardCallback(TrainerCallback):
         at every row, so it reads while training runs)."""
         self._release()
         if self.monitor is not None:
-            self.monitor.close()
+            self._safely(DIAGNOSIS, self.monitor.close)
 
     def _release(self) -> None:
         """End the update, close the guard and take the wrappers off the trainer (at the end of ``train()``)."""
@@ -194,14 +333,30 @@ class RlguardCallback(TrainerCallback):
         for name in self._wrapped:
             self.trainer.__dict__.pop(name, None)
         self._wrapped = []
+        if self._reward_funcs is not None:
+            self.trainer.reward_funcs, self._reward_funcs = self._reward_funcs, None
         if self.guard is not None:
-            with contracts_mode(self.mode):
-                if self.guard.in_update:
-                    self.guard.end_update()
-            self.guard.close()
-            self.guard = None
+            self._safely(GUARD, self._end_update)
+            self._close_guard()
 
-    # -- the seams -----------------------------------------------------------------------------------------------
+    def _end_update(self) -> None:
+        with contracts_mode(self.mode):
+            if self.guard is not None and self.guard.in_update:
+                self.guard.end_update()
+
+    def _next_update(self) -> None:
+        with contracts_mode(self.mode):
+            if self.guard.in_update:
+                self.guard.end_update()
+            self.guard.begin_update()
+
+    def _close_guard(self) -> None:
+        guard, self.guard = self.guard, None
+        if guard is not None:
+            with contextlib.suppress(Exception):  # removing hooks; nothing to report
+                guard.close()
+
+    # -- the seams: TRL's own call runs exactly once, outside rlguard's error handling -----------------------------
     def _wrap(self, name: str, wrapper) -> None:
         original = getattr(self.trainer, name)
         setattr(self.trainer, name, lambda *a, **k: wrapper(original, *a, **k))
@@ -212,37 +367,50 @@ class RlguardCallback(TrainerCallback):
         self._generated = out
         return out
 
-    def _checked_generation(self, original, inputs, *args, **kwargs):
-        t = self.trainer
-        training = t.model.training
-        if training:  # a new generation starts an update: the steps until the next one reuse its batch
-            with contracts_mode(self.mode):
-                if self.guard.in_update:
-                    self.guard.end_update()
-                self.guard.begin_update()
-        out = original(inputs, *args, **kwargs)
-        generated, self._generated = self._generated, None
-        if training and generated is not None:
-            self._check_generation(out, generated)
+    def _observed_rewards(self, original, *args, **kwargs):
+        out = original(*args, **kwargs)
+        self._rewards = out
         return out
 
-    def _check_generation(self, out: dict, generated: tuple) -> None:
+    def _checked_generation(self, original, inputs, *args, **kwargs):
+        training = self.trainer.model.training
+        if training and self.guard is not None:  # a new generation starts an update: the steps until the next
+            self._safely(GUARD, self._next_update)  # one reuse its batch
+        out = original(inputs, *args, **kwargs)
+        generated, self._generated = self._generated, None
+        rewards, self._rewards = self._rewards, None
+        if training and generated is not None:
+            self._safely(GENERATION, self._check_generation, out, generated, rewards)
+        return out
+
+    def _check_generation(self, out: dict, generated: tuple, rewards_per_func) -> None:
         t = self.trainer
         prompt_len = out["prompt_ids"].shape[1]
         written = policy_written(t, generated, out["completion_ids"].shape[1]).to(out["completion_ids"].device)
         owner = torch.cat([torch.zeros_like(out["prompt_ids"]), written.long() * POLICY_ROLE], dim=1)
         mask = out["completion_mask"] * out["tool_mask"] if "tool_mask" in out else out["completion_mask"]
-        tensors = dict(owner=owner, action_mask=per_token(prompt_len, mask), advantages=out["advantages"],
-                       old_per_token_logps=out.get("old_per_token_logps"),
-                       ref_per_token_logps=out.get("ref_per_token_logps"),
-                       sampling_per_token_logps=out.get("sampling_per_token_logps"))
+        tensors = dict(owner=owner, action_mask=per_token(prompt_len, mask), advantages=out["advantages"])
+        if self.rloo:
+            tensors["old_logps"] = out["old_logps"]
+        else:
+            tensors.update(old_per_token_logps=out.get("old_per_token_logps"),
+                           ref_per_token_logps=out.get("ref_per_token_logps"),
+                           sampling_per_token_logps=out.get("sampling_per_token_logps"))
+        spec = self._generation_spec
+        if t.accelerator.num_processes == 1:
+            tensors["group_size"] = t.num_generations
+        if self._ranked:
+            if not torch.is_tensor(rewards_per_func) or rewards_per_func.shape[0] != out["advantages"].shape[0]:
+                spec = generation_spec(self.rloo, t.accelerator.num_processes == 1, ranked=False)
+            else:  # TRL's own weighted sum; NaN where no reward function scored the completion (None): TRL
+                # leaves such rows out of the baseline and gives them advantage 0, so they are ranked with nothing
+                weights = t.reward_weights.to(rewards_per_func.device).unsqueeze(0)
+                rewards = (rewards_per_func * weights).nansum(dim=1)
+                rewards[torch.isnan(rewards_per_func).all(dim=1)] = torch.nan
+                tensors["rewards"] = rewards.to(out["advantages"].device)
         with contracts_mode(self.mode):
-            if t.accelerator.num_processes == 1:
-                check_batch(GENERATION_BATCH, {**tensors, "group_size": t.num_generations},
-                            where="GRPOTrainer._generate_and_score_completions", name="output")
-            else:
-                check_batch(UNGROUPED_GENERATION_BATCH, tensors,
-                            where="GRPOTrainer._generate_and_score_completions", name="output")
+            check_batch(spec, tensors, where=f"{self.trainer_class.__name__}._generate_and_score_completions",
+                        name="output")
 
     def _observed_logps(self, original, *args, **kwargs):
         out = original(*args, **kwargs)
@@ -259,23 +427,30 @@ class RlguardCallback(TrainerCallback):
         finally:
             self._loss_frames.pop()
         if frame["logp"] is not None and self.trainer.model.training:
-            self._check_loss(inputs, frame["logp"])
+            self._safely(LOSS, self._check_loss, inputs, frame["logp"])
         return loss
 
     def _check_loss(self, inputs: dict, logp: torch.Tensor) -> None:
         mask = inputs["completion_mask"] * inputs["tool_mask"] if "tool_mask" in inputs else inputs["completion_mask"]
         ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
-        old = inputs.get("old_per_token_logps")
-        if self.contracts:
+        where = f"{self.trainer_class.__name__}._compute_loss"
+        values = {"ids": ids, "completion_mask": mask, "logp": logp, "advantages": inputs["advantages"]}
+        if self.rloo:  # one old log-prob per sequence: the ratio is of the masked sums
+            old = inputs.get("old_logps")
+            logp = values["logp_sum"] = (logp * mask).sum(1)
+            values["old_logps"] = old
+            selected = mask.bool().any(1)
+        else:
+            old = values["old_per_token_logps"] = inputs.get("old_per_token_logps")
+            selected = mask.bool()
+        if self.contracts and "_loss_spec" in self.__dict__:
             with contracts_mode(self.mode):
-                check_batch(LOSS_INPUTS, {"ids": ids, "completion_mask": mask, "logp": logp,
-                                          "old_per_token_logps": old},
-                            where="GRPOTrainer._compute_loss", name="inputs")
-        if old is not None and mask.any():
+                check_batch(self._loss_spec, values, where=where, name="inputs")
+        if old is not None and selected.any():
             with torch.no_grad():
-                ratio = torch.exp(logp.float() - old.float())[mask.bool()]
+                ratio = torch.exp(logp.float() - old.float())[selected]
                 self._ratio = [max(self._ratio[0], float(ratio.max())), min(self._ratio[1], float(ratio.min()))]
-        elif mask.any():  # TRL uses the fresh log-probs, detached: the ratio is exactly 1
+        elif selected.any():  # TRL uses the fresh log-probs, detached: the ratio is exactly 1
             self._ratio = [max(self._ratio[0], 1.0), min(self._ratio[1], 1.0)]
 
     # -- helpers -------------------------------------------------------------------------------------------------

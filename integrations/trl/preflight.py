@@ -1,4 +1,5 @@
-"""The preflight adapter protocol (``rlguard.preflight.adapter``) over a constructed ``trl.GRPOTrainer``.
+"""The preflight adapter protocol (``rlguard.preflight.adapter``) over a constructed ``trl.GRPOTrainer`` or
+``trl.RLOOTrainer`` (TRL's two online RL trainers; ``SUPPORTED_TRAINERS``).
 
 Nothing to write per trainer: every function runs TRL's own code on the suite's copies of the policy, with the
 trainer's own subclass, configuration and reward functions: ``_generate_and_score_completions`` (generation,
@@ -40,7 +41,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 from accelerate.utils import is_peft_model
-from trl import GRPOTrainer
+from trl import GRPOTrainer, RLOOTrainer
 from trl.trainer import utils as trl_utils
 
 from rlguard.integrations.trl._version import unsupported_peft
@@ -52,12 +53,34 @@ _BOUND = ("model", "model_wrapped", "ref_model", "optimizer", "_step", "_buffere
           "current_gradient_accumulation_steps", "beta", "_entropy_bonus_enabled", "_logs")
 
 
+# TRL's online RL trainers the adapter and the callback drive (a user's subclass of either included). RLOO shares
+# GRPO's generation, scoring and training loop; it differs where its loss does: sequence-level old log-probs
+# (``old_logps`` [B], the masked sum of the per-token ones), the KL applied as a reward penalty at generation
+# (``rewards - beta * sum(old - ref)``) rather than a loss term, no entropy bonus, and no tool rollouts.
+SUPPORTED_TRAINERS = (GRPOTrainer, RLOOTrainer)
+SUPPORTED_NAMES = " or ".join(f"trl.{cls.__name__}" for cls in SUPPORTED_TRAINERS)
+
+
 class TRLPreflightError(ValueError):
     """The trainer's configuration is one the TRL preflight does not support (it says which and why)."""
 
 
 class TRLTrainerFault(TRLPreflightError, TrainerFault):
     """The trainer does something wrong that stops a check (reported as that check's failure)."""
+
+
+class UnsupportedTrainerError(TRLPreflightError, TypeError):
+    """A trainer of a class rlguard's TRL integration does not drive (DPOTrainer, SFTTrainer, ...)."""
+
+
+def supported_trainer(trainer, what: str = "trainer") -> type:
+    """``trainer``'s TRL base class among ``SUPPORTED_TRAINERS``; ``UnsupportedTrainerError`` naming them if none."""
+    for cls in SUPPORTED_TRAINERS:
+        if isinstance(trainer, cls):
+            return cls
+    raise UnsupportedTrainerError(
+        f"the {what} is a {type(trainer).__module__}.{type(trainer).__name__}: rlguard's TRL integration supports "
+        f"{SUPPORTED_NAMES} (or a subclass of either)")
 
 
 class PeftReference:
@@ -119,6 +142,9 @@ class GenerationBatch:
     prompt_rows: list  # the dataset rows the batch was generated from (each prompt G times)
     generate_output: tuple | None = None  # what ``_generate`` returned (replayed by TRL's reference pass)
     rewards_per_func: torch.Tensor | None = None  # what ``_calculate_rewards`` returned
+    # RLOO keeps only sequence-level old log-probs in its dict: the per-token ones (old, and the reference's when
+    # beta != 0) its generation computed them from, observed in that call, each [B, C]
+    scored: dict | None = None
 
     @property
     def prompt_len(self) -> int:
@@ -182,7 +208,8 @@ def copy_patched_model(model: torch.nn.Module, memo: dict | None = None) -> torc
 
 
 class GRPOAdapter:
-    """rlguard's preflight adapter over a constructed ``trl.GRPOTrainer`` (the user's subclass included).
+    """rlguard's preflight adapter over a constructed ``trl.GRPOTrainer`` or ``trl.RLOOTrainer`` (the user's
+    subclass of either included).
 
     ``trainer``: constructed, not yet trained (its ``model`` is the policy as training starts). ``factory``:
     the function that built it, optional; with it the ``reproducible`` check compares two short real runs of
@@ -192,10 +219,10 @@ class GRPOAdapter:
     trainer's logic and not bf16 rounding.
     """
 
-    def __init__(self, trainer: GRPOTrainer, factory: Callable[[], GRPOTrainer] | None = None, seed: int = 0,
+    def __init__(self, trainer, factory: Callable[[], object] | None = None, seed: int = 0,
                  autocast: bool = False):
-        if not isinstance(trainer, GRPOTrainer):
-            raise TypeError(f"expected a trl.GRPOTrainer (or a subclass), got {type(trainer).__name__}")
+        self.trainer_class = supported_trainer(trainer)
+        self.rloo = self.trainer_class is RLOOTrainer
         unsupported_configuration(trainer)
         self.trainer = trainer
         self.factory = factory
@@ -239,7 +266,13 @@ class GRPOAdapter:
                       "model with the adapter off)" if self.peft else
                       "beta == 0: the loss has no KL term (TRL builds no reference model)")
             out["kl_positive"] = out["kl_direction"] = reason
-        if not t._entropy_bonus_enabled:
+        elif self.rloo:  # kl_positive still applies: it compares the stepped policy with the reference
+            out["kl_direction"] = (
+                "RLOO applies the KL as a reward penalty at generation (rewards - beta * sum(old - ref)), not as a "
+                "loss term: there is no KL term of the loss to probe")
+        if self.rloo:
+            out["entropy_direction"] = "RLOO's loss has no entropy bonus"
+        elif not t._entropy_bonus_enabled:
             out["entropy_direction"] = "entropy_coef == 0: GRPO's loss has no entropy bonus"
         if self.optimizer_steps_per_generation == 1:
             out["old_logp_frozen"] = (
@@ -253,6 +286,18 @@ class GRPOAdapter:
                              "the base model from, so a saved adapter cannot be loaded back onto it")
         if self.factory is None:
             out["reproducible"] = "no trainer factory to build two fresh trainers from (rlguard check --trl gives one)"
+        return out
+
+    def documented_deviations(self) -> dict[str, str]:
+        """TRL's documented settings that differ from one pass over the batch by design."""
+        t, out = self.trainer, {}
+        args = t.args
+        if not self.rloo and args.loss_type == "bnpo" and args.gradient_accumulation_steps > 1:
+            out["accumulation"] = (
+                f"loss_type='bnpo' with gradient_accumulation_steps={args.gradient_accumulation_steps}: TRL documents "
+                "bnpo as normalised by the active tokens of each local micro-batch, so accumulated micro-batches "
+                "weigh their tokens unequally (RLG006's signature, by this setting's design); loss_type='dapo' (the "
+                "default) normalises by the whole generation batch's tokens")
         return out
 
     # -- models -------------------------------------------------------------------------------------------------
@@ -316,12 +361,18 @@ class GRPOAdapter:
         t = self.trainer
         rows = self._prompt_rows(seed)
         seen: dict = {}
-        with self._bound(model, self.make_reference(model)) as t, torch.random.fork_rng(), \
-                _observe(t, "_generate", seen), _observe(t, "_calculate_rewards", seen), _sampler(model, seen):
+        reference = self.make_reference(model)
+        calls: list = []
+        with self._bound(model, reference) as t, torch.random.fork_rng(), \
+                _observe(t, "_generate", seen), _observe(t, "_calculate_rewards", seen), _sampler(model, seen), \
+                _scoring_calls(t, calls):
             torch.manual_seed(seed)
             model.train()
             inputs = t._generate_and_score_completions([dict(r) for r in rows])
-        return self._batch(inputs, seen, rows)
+        batch = self._batch(inputs, seen, rows)
+        if self.rloo:
+            batch.scored = _rloo_scored(calls, model, reference)
+        return batch
 
     def _batch(self, inputs: dict, seen: dict, rows: list) -> GenerationBatch:
         t = self.trainer
@@ -389,10 +440,35 @@ class GRPOAdapter:
         return self._per_token(batch, self._completion_logps(model, batch).float())
 
     def old_log_probs(self, model, batch):
+        if self.rloo:
+            return self._per_token(batch, self._rloo_old_per_token(batch).float())
         old = batch.inputs.get("old_per_token_logps")
         if old is None:  # TRL then uses the current log-probs, detached (fully on-policy)
             return self.log_probs(model, batch).detach()
         return self._per_token(batch, old.float())
+
+    def _rloo_old_per_token(self, batch: GenerationBatch) -> torch.Tensor:
+        """[B, C]: the old log-probs RLOO's loss uses, per token. Its loss reads the sequence-level ``old_logps``
+        (the masked sum of the per-token old log-probs its generation computed); where a row's ``old_logps`` is
+        not that sum (a subclass changed it), the difference is spread over the row's completion tokens, so that
+        the per-token view sums to what the loss really uses (and keeps its autograd history, if any)."""
+        seq = batch.inputs["old_logps"]
+        mask = batch.inputs["completion_mask"].to(seq.dtype)
+        observed = (batch.scored or {}).get("old")
+        if observed is None or observed.shape != mask.shape:
+            observed = torch.zeros_like(mask)
+        observed = observed.to(seq.dtype)
+        gap = seq - (observed * mask).sum(1)
+        return observed + (gap / mask.sum(1).clamp(min=1))[:, None] * mask
+
+    def ref_log_probs(self, ref_model, batch):
+        """The reference log-probs TRL's generation computed for the batch, as its KL reads them (GRPO's
+        ``ref_per_token_logps``; RLOO's, observed in that call, for the reward's KL penalty)."""
+        ref = (batch.scored or {}).get("ref") if self.rloo else batch.inputs.get("ref_per_token_logps")
+        if ref is None:
+            with torch.no_grad():
+                return self.log_probs(ref_model, batch)
+        return self._per_token(batch, ref.float())
 
     def logits(self, model, batch):
         if isinstance(model, PeftReference):
@@ -409,8 +485,9 @@ class GRPOAdapter:
             value = inputs.get(key)
             if torch.is_tensor(value) and value.dim() == 2 and value.shape[1] == batch.generated.shape[1]:
                 inputs[key] = F.pad(value, (0, extra), value=fill.get(key, 0))
+        scored = None if batch.scored is None else {k: F.pad(v, (0, extra)) for k, v in batch.scored.items()}
         return replace(batch, inputs=inputs, generated=F.pad(batch.generated, (0, extra), value=False),
-                       sampler_logps=F.pad(batch.sampler_logps, (0, extra), value=0.0))
+                       sampler_logps=F.pad(batch.sampler_logps, (0, extra), value=0.0), scored=scored)
 
     def pad_prompts(self, batch, extra):
         """The batch with ``extra`` more columns of prompt padding where TRL puts it: on the left."""
@@ -431,7 +508,8 @@ class GRPOAdapter:
         return replace(batch, inputs=inputs, rewards=batch.rewards[rows], generated=batch.generated[rows],
                        sampler_logps=batch.sampler_logps[rows], prompt_rows=[batch.prompt_rows[i] for i in rows],
                        generate_output=None,  # a generation replay is of the whole batch only
-                       rewards_per_func=None if batch.rewards_per_func is None else batch.rewards_per_func[rows])
+                       rewards_per_func=None if batch.rewards_per_func is None else batch.rewards_per_func[rows],
+                       scored=None if batch.scored is None else {k: v[rows] for k, v in batch.scored.items()})
 
     def scoring_passes(self, model, batch) -> dict:
         """TRL's own scoring of the batch as training runs it: ``_generate_and_score_completions`` again, its
@@ -442,7 +520,7 @@ class GRPOAdapter:
         with self._bound(model, self.make_reference(model)) as t, torch.no_grad(), _replaying(t, batch):
             model.train()
             out = t._generate_and_score_completions([dict(r) for r in batch.prompt_rows])
-        return {f"TRL's {key}": out[key].float() for key in ("old_per_token_logps", "ref_per_token_logps")
+        return {f"TRL's {key}": out[key].float() for key in ("old_per_token_logps", "ref_per_token_logps", "old_logps")
                 if torch.is_tensor(out.get(key))}
 
     def _reference_pass(self, ref: PeftReference, batch: GenerationBatch) -> dict:
@@ -492,10 +570,14 @@ class GRPOAdapter:
         gradient-accumulation scaling). ``term``: the KL term alone (advantages zeroed, no entropy bonus) or the
         entropy bonus alone (advantages zeroed, ``beta`` 0), each as TRL's loss adds it."""
         t = self.trainer
+        if term != "total" and self.rloo:  # RLOO's loss is the clipped surrogate alone (see not_applicable)
+            return None
         if term == "kl" and t.beta == 0.0 or term == "entropy" and not t._entropy_bonus_enabled:
             return None
         inputs = self._rows(batch, rows)
-        if isinstance(ref_model, PeftReference) and t.beta != 0.0:
+        if self.rloo:  # its KL to the reference is in the advantages already
+            pass
+        elif isinstance(ref_model, PeftReference) and t.beta != 0.0:
             inputs["ref_per_token_logps"] = self._reference_pass(ref_model, batch)["logps"][torch.as_tensor(rows)]
         elif ref_model is not None and t.beta != 0.0:
             with torch.no_grad():
@@ -527,12 +609,12 @@ class GRPOAdapter:
         optimizer step every ``gradient_accumulation_steps``, as ``transformers.Trainer`` runs them."""
         t = self.trainer
         ratios: list = []
-        with _ratio_probe(t, ratios):
+        with _ratio_probe(t, self.trainer_class, ratios):
             self._micro_steps(model, batch, n_steps=self.micro_steps_per_generation,
                               accumulate=t.args.gradient_accumulation_steps, optimizer=optimizer, ref_model=ref_model)
         if not ratios:
-            raise TRLPreflightError("the trainer's loss never reached GRPOTrainer._compute_loss: the PPO ratio of "
-                                    "the update could not be measured")
+            raise TRLPreflightError(f"the trainer's loss never reached {self.trainer_class.__name__}._compute_loss: "
+                                    "the PPO ratio of the update could not be measured")
         return {"ratio_max": max(r[0] for r in ratios), "ratio_min": min(r[1] for r in ratios)}
 
     def _micro_steps(self, model, batch, n_steps, accumulate, optimizer=None, ref_model=_MISSING):
@@ -629,7 +711,10 @@ def policy_written(trainer, generated_output: tuple, width: int) -> torch.Tensor
     multi-turn rollouts: tool-output tokens are not the policy's). Truncated completions are excluded when the
     trainer is configured with ``mask_truncated_completions``: they are deliberately not trained.
     """
-    _, completion_ids_list, tool_mask_list, *_ = generated_output
+    if len(generated_output) == 3:  # RLOOTrainer: (prompt_ids, completion_ids, completions), no tool rollouts
+        completion_ids_list, tool_mask_list = generated_output[1], None
+    else:  # GRPOTrainer: (prompt_ids, completion_ids, tool_mask, completions, ...)
+        _, completion_ids_list, tool_mask_list, *_ = generated_output
     out = torch.zeros(len(completion_ids_list), width, dtype=torch.bool)
     eos_and_pad = [*trainer.eos_token_ids, trainer._tokenizer.pad_token_id]
     for i, ids in enumerate(completion_ids_list):
@@ -751,15 +836,47 @@ def _logps_calls(trainer, calls: list):
 
 
 @contextlib.contextmanager
-def _ratio_probe(trainer, ratios: list):
-    """Record (max, min) of the PPO ratio each ``GRPOTrainer._compute_loss`` call of ``trainer`` uses.
+def _scoring_calls(trainer, calls: list):
+    """Each ``_get_per_token_logps_and_entropies`` call made with autograd off -> ``(model, its log-probs)``."""
+    logps_of = trainer._get_per_token_logps_and_entropies
 
-    The probe sits on ``GRPOTrainer`` itself for the duration of the update, so that it sees the inputs the loss
+    def observed(model, *args, **kwargs):
+        out = logps_of(model, *args, **kwargs)
+        if not torch.is_grad_enabled():
+            calls.append((model, out[0]))
+        return out
+
+    trainer._get_per_token_logps_and_entropies = observed
+    try:
+        yield
+    finally:
+        trainer.__dict__.pop("_get_per_token_logps_and_entropies", None)
+
+
+def _rloo_scored(calls: list, policy, reference) -> dict:
+    """RLOO generation's per-token scorings: its first no-grad pass of the policy is the old log-probs; a pass
+    of the reference model (or, for a PEFT policy, the policy's second pass: the adapter off) the reference's."""
+    policy_calls = [logps for model, logps in calls if model is policy]
+    out = {"old": policy_calls[0]} if policy_calls else {}
+    ref_calls = [logps for model, logps in calls if reference is not None and model is reference]
+    if ref_calls:
+        out["ref"] = ref_calls[0]
+    elif isinstance(reference, PeftReference) and len(policy_calls) > 1:
+        out["ref"] = policy_calls[1]
+    return out
+
+
+@contextlib.contextmanager
+def _ratio_probe(trainer, base: type, ratios: list):
+    """Record (max, min) of the PPO ratio each ``base._compute_loss`` call of ``trainer`` uses (``base``: its
+    TRL class, ``GRPOTrainer`` or ``RLOOTrainer``).
+
+    The probe sits on ``base`` itself for the duration of the update, so that it sees the inputs the loss
     really gets, after any override of ``_compute_loss`` or ``_prepare_inputs`` in the user's subclass. The
     log-probs are the ones the loss computes (its first call of ``_get_per_token_logps_and_entropies`` with
     autograd on), not a second forward pass.
     """
-    original = GRPOTrainer.__dict__["_compute_loss"]
+    original = base.__dict__["_compute_loss"]
     frames: list = []
 
     def probed(self, model, inputs):
@@ -782,17 +899,23 @@ def _ratio_probe(trainer, ratios: list):
             frames[-1]["logps"] = out[0].detach()
         return out
 
-    GRPOTrainer._compute_loss = probed
+    base._compute_loss = probed
     trainer._get_per_token_logps_and_entropies = observed_logps
     try:
         yield
     finally:
-        GRPOTrainer._compute_loss = original
+        base._compute_loss = original
         trainer.__dict__.pop("_get_per_token_logps_and_entropies", None)
 
 
 def _ratio_range(inputs: dict, logps: torch.Tensor) -> tuple[float, float]:
     mask = inputs["completion_mask"] * inputs["tool_mask"] if "tool_mask" in inputs else inputs["completion_mask"]
+    if "old_logps" in inputs:  # RLOO: one ratio per sequence, of the masked sums
+        rows = mask.bool().any(1)
+        if not rows.any():
+            return 1.0, 1.0
+        ratio = torch.exp((logps.float() * mask).sum(1) - inputs["old_logps"].detach().float())[rows]
+        return float(ratio.max()), float(ratio.min())
     old = inputs.get("old_per_token_logps")
     if old is None or not mask.any():  # TRL then uses logps.detach(): the ratio is exactly 1
         return 1.0, 1.0
@@ -814,7 +937,8 @@ def unsupported_configuration(trainer) -> None:
                         "use_vllm=False in the trainer it builds")
     if getattr(t, "use_transformers_continuous_batching", False):
         problems.append("use_transformers_continuous_batching=True")
-    if t.tools or t.environment_factories is not None or t.rollout_func is not None:
+    if getattr(t, "tools", None) or getattr(t, "environment_factories", None) is not None \
+            or getattr(t, "rollout_func", None) is not None:
         problems.append("tools, environment_factory or rollout_func (multi-turn rollouts are not supported yet)")
     if getattr(t, "_is_vlm", False):
         problems.append("a vision-language model")
@@ -823,7 +947,7 @@ def unsupported_configuration(trainer) -> None:
     if is_peft_model(t.model) and any(getattr(c, "is_prompt_learning", False) for c in t.model.peft_config.values()):
         problems.append("a prompt-learning PEFT method (prefix/prompt tuning: only adapters on the model's layers, "
                         "such as LoRA, are supported)")
-    if args.cast_lm_head_to_fp32:
+    if getattr(args, "cast_lm_head_to_fp32", False):
         problems.append("cast_lm_head_to_fp32=True (TRL patches lm_head with a closure over the original module, "
                         "so a copy of the model would run the original's head)")
     if _fused_patch(fused_target(t.model)) is None:
@@ -835,7 +959,7 @@ def unsupported_configuration(trainer) -> None:
 # ---------------------------------------------------------------------------------------------- entry points
 
 
-def load_trainer_factory(spec: str) -> Callable[[], GRPOTrainer]:
+def load_trainer_factory(spec: str) -> Callable[[], object]:
     """``"module:function"`` -> the function (the current directory first on ``sys.path``, as ``python -m``)."""
     from rlguard.preflight.adapter import import_object
 
@@ -844,26 +968,25 @@ def load_trainer_factory(spec: str) -> Callable[[], GRPOTrainer]:
         raise ValueError(f"expected MODULE:FUNCTION, e.g. my_script:make_trainer, got {spec!r}")
     factory = import_object(spec)
     if not callable(factory):
-        raise TypeError(f"{spec!r} is not callable: it must be a function returning a GRPOTrainer")
+        raise TypeError(f"{spec!r} is not callable: it must be a function returning a {SUPPORTED_NAMES}")
     return factory
 
 
-def adapter_from_factory(factory: Callable[[], GRPOTrainer], seed: int = 0) -> GRPOAdapter:
+def adapter_from_factory(factory: Callable[[], object], seed: int = 0) -> GRPOAdapter:
     trainer = factory()
-    if not isinstance(trainer, GRPOTrainer):
-        raise TypeError(f"the trainer factory returned {type(trainer).__name__}, not a trl.GRPOTrainer")
+    supported_trainer(trainer, what="trainer the factory returned")
     return GRPOAdapter(trainer, factory=factory, seed=seed)
 
 
 def preflight(trainer_or_factory, seed: int = 0, only=None, progress=None):
-    """Run rlguard's preflight suite on a ``GRPOTrainer`` (or a function returning one) -> ``Report``."""
+    """Run rlguard's preflight suite on a ``GRPOTrainer`` or ``RLOOTrainer`` (or a function returning one)
+    -> ``Report``."""
     from rlguard.preflight.suite import run_suite
 
-    if isinstance(trainer_or_factory, GRPOTrainer):
-        adapter = GRPOAdapter(trainer_or_factory, seed=seed)
-    elif callable(trainer_or_factory):
+    from transformers import Trainer
+
+    if callable(trainer_or_factory) and not isinstance(trainer_or_factory, Trainer):
         adapter = adapter_from_factory(trainer_or_factory, seed=seed)
-    else:
-        raise TypeError(f"preflight() takes a GRPOTrainer or a function returning one, got "
-                        f"{type(trainer_or_factory).__name__}")
+    else:  # a constructed trainer (UnsupportedTrainerError naming the supported classes if it is another kind)
+        adapter = GRPOAdapter(trainer_or_factory, seed=seed)
     return run_suite(adapter, seed=seed, only=only, progress=progress)
