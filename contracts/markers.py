@@ -30,7 +30,7 @@ from typing import Any, Callable
 import torch
 
 from rlguard.catalog import (
-    ADVANTAGE_SIGN, DETACHED_TARGETS, GROUP_BASELINE, MASK_NOT_SHIFTED, OLD_LOGP_RECOMPUTED, REFERENCE_ALIAS, ROWS_OUT_OF_STEP,
+    ADVANTAGE_SIGN, DETACHED_TARGETS, ENTROPY_BONUS_SIGN, GROUP_BASELINE, KL_SIGN, MASK_NOT_SHIFTED, OLD_LOGP_RECOMPUTED, REFERENCE_ALIAS, ROWS_OUT_OF_STEP,
     SAMPLER_TRAINER_MISMATCH, STOP_TOKEN_UNTRAINED, TENSOR_CONTRACT, TRAIN_MODE_SCORING,
 )
 from rlguard.contracts.batch import MISSING, get_field
@@ -1225,6 +1225,86 @@ class UpdateDirection(Marker):
             self.code, self._function, self._argument, problem, expected=repr(self),
             hint="advantages negated (from this update on?), a surrogate without its minus, or min/max of the "
                  "PPO clip swapped; see RLG005"))
+
+
+class _TermSign(Marker):
+    """The sign with which a term enters the loss a function returns, read from autograd: ``d loss / d term``
+    over the term's elements (``torch.autograd.grad`` with the graph kept, so the trainer's own ``backward``
+    runs as before and no ``.grad`` is written). A penalty must never lower the loss where it grows; a bonus
+    never raise it. On the return value (the loss), naming the term's parameter: checked on the value-check
+    calls (``check_every``) when the loss and the term carry a graph (training, not evaluation). A term that
+    does not reach the loss, or enters with coefficient 0, has nothing to say."""
+
+    value_check = True
+    sign = 1  # +1: a penalty (d loss / d term >= 0); -1: a bonus
+    what = "penalty"
+
+    def __init__(self, term: str, rtol: float = 1e-6) -> None:
+        if not isinstance(rtol, (int, float)) or isinstance(rtol, bool) or rtol < 0:
+            raise ContractDefinitionError(f"{type(self).__name__}(rtol={rtol!r}): a number >= 0")
+        self.term = term
+        self.rtol = rtol
+
+    def _bind(self, site: Site) -> None:
+        if not site.argument.startswith("return"):
+            raise ContractDefinitionError(
+                f"{site.function}(): {self!r} on {site.argument!r}: it goes on the return value (the loss), "
+                f"naming the term's parameter, e.g. -> Annotated[Tensor, {type(self).__name__}({self.term!r})]")
+        self._ref(site, self.term, "term")
+
+    def check(self, x: Any, call: Call) -> Violation | None:
+        term = self._get(call, "term")
+        if not isinstance(x, torch.Tensor) or not isinstance(term, torch.Tensor) or not x.is_floating_point():
+            return None
+        if not torch.is_grad_enabled() or not x.requires_grad or not term.requires_grad or not x.numel():
+            return None
+        (grad,) = torch.autograd.grad(x.sum(), term, retain_graph=True, allow_unused=True)
+        if grad is None:
+            return None
+        g = grad.detach().double() * self.sign
+        scale = float(g.abs().max())
+        worst = float(g.min())
+        if scale == 0 or worst >= -self.rtol * scale:
+            return None
+        wrong = int((g < -self.rtol * scale).sum())
+        name = self._name("term")
+        direction = "lowers" if self.sign > 0 else "raises"
+        return self._fail(
+            f"d loss / d {name} has the wrong sign at {wrong} of {g.numel()} elements (as low as "
+            f"{worst * self.sign:.3g}): the {self.what} {name} {direction} the loss where it grows, so the update "
+            f"{'drives it up' if self.sign > 0 else 'drives it down'}", x, call, self._hint(name))
+
+    def _hint(self, name: str) -> str:  # pragma: no cover - overridden
+        raise NotImplementedError
+
+
+class Penalty(_TermSign):
+    """RLG011: a penalty term (a KL to the reference) enters the returned loss with a non-negative gradient:
+    ``loss = pg + beta * kl`` (``-> Annotated[Tensor, Penalty("kl")]``). A KL coefficient negated (from some step
+    on), a reward-side KL with the wrong sign fed back as a loss term, or ``pg - beta * kl``, is reported at the
+    first value-check call after it happens."""
+
+    code = KL_SIGN
+    sign = 1
+    what = "penalty"
+
+    def _hint(self, name: str) -> str:
+        return (f"add the penalty: loss = ... + coef * {name} with coef >= 0 (a negative beta, or ... - beta * "
+                f"{name}, rewards divergence from the reference); see RLG011")
+
+
+class Bonus(_TermSign):
+    """RLG004: a bonus term (the policy's entropy) enters the returned loss with a non-positive gradient:
+    ``loss = pg - coef * entropy`` (``-> Annotated[Tensor, Bonus("entropy")]``). ``+ coef * entropy`` (an
+    entropy penalty: the policy collapses) is reported at the first value-check call after it happens."""
+
+    code = ENTROPY_BONUS_SIGN
+    sign = -1
+    what = "bonus"
+
+    def _hint(self, name: str) -> str:
+        return (f"subtract the bonus: loss = ... - coef * {name} with coef >= 0 (adding it penalises exploration "
+                "and collapses the policy's entropy); see RLG004")
 
 
 def field_name(argument: str) -> str:

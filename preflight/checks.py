@@ -173,8 +173,10 @@ def _kl(logits: torch.Tensor, ref_logits: torch.Tensor) -> torch.Tensor:
     return (log_p.exp() * (log_p - log_q)).sum(-1)
 
 
-def _direction_step(model, loss) -> bool:
-    """One plain gradient step of fixed length on ``loss`` alone; False when the term has no gradient."""
+def _direction_step(model, loss, length: float | None = None) -> bool:
+    """One plain gradient step of fixed length (``DIRECTION_STEP`` by default) on ``loss`` alone; False when the
+    term has no gradient."""
+    length = DIRECTION_STEP if length is None else length
     params = [p for p in model.parameters() if p.requires_grad]
     grads = torch.autograd.grad(loss, params, allow_unused=True)
     norm = torch.sqrt(sum((g.float() ** 2).sum() for g in grads if g is not None) + 0.0)
@@ -183,7 +185,7 @@ def _direction_step(model, loss) -> bool:
     with torch.no_grad():
         for p, g in zip(params, grads):
             if g is not None:
-                p.sub_(DIRECTION_STEP * g / norm)
+                p.sub_(length * g / norm)
     return True
 
 
@@ -594,24 +596,38 @@ def check_entropy_direction(ctx: Context) -> CheckResult:
     return _result("entropy_direction", after - before, "> 0", after > before)
 
 
+# the KL's relative change a direction step must make to be read as a direction, not rounding; longer steps are
+# tried (x10 each) until it does
+KL_DIRECTION_MIN_CHANGE = 1e-3
+KL_DIRECTION_STEPS = 3
+
+
 def check_kl_direction(ctx: Context) -> CheckResult:
+    """One step on the KL term alone must lower the KL to the reference. Measured as the KL's relative change,
+    with the step lengthened (x10, up to ``KL_DIRECTION_STEPS`` lengths) while that change is within rounding:
+    a KL near 0 moves by ~1e-6 on the shortest step, where float32 noise could decide the sign."""
     ref = ctx.copy(ctx.model).requires_grad_(False)
-    model = ctx.fresh()
+    moved = ctx.fresh()
     gen = torch.Generator().manual_seed(ctx.seed)
     with torch.no_grad():  # move the policy off the reference so that the KL term has a gradient
-        for p in model.parameters():
+        for p in moved.parameters():
             p.add_(0.02 * p.abs().mean() * torch.randn(p.shape, generator=gen).to(p))
-    term = ctx.adapter.loss(model, ctx.batch, ctx.rows, ref, term="kl")
-    if term is None or not getattr(term, "requires_grad", False):
-        return _skip("kl_direction", "the loss has no KL term")
-    with torch.no_grad():
         ref_logits = ctx.adapter.logits(ref, ctx.batch)
-        before = ctx.masked_mean(_kl(ctx.adapter.logits(model, ctx.batch), ref_logits))
-    if not _direction_step(model, term):
-        return _skip("kl_direction", "the KL term has no gradient (coefficient 0?)")
-    with torch.no_grad():
-        after = ctx.masked_mean(_kl(ctx.adapter.logits(model, ctx.batch), ref_logits))
-    return _result("kl_direction", after - before, "< 0", after < before)
+        before = ctx.masked_mean(_kl(ctx.adapter.logits(moved, ctx.batch), ref_logits))
+    change = 0.0
+    for attempt in range(KL_DIRECTION_STEPS):
+        model = ctx.copy(moved)
+        term = ctx.adapter.loss(model, ctx.batch, ctx.rows, ref, term="kl")
+        if term is None or not getattr(term, "requires_grad", False):
+            return _skip("kl_direction", "the loss has no KL term")
+        if not _direction_step(model, term, DIRECTION_STEP * 10 ** attempt):
+            return _skip("kl_direction", "the KL term has no gradient (coefficient 0?)")
+        with torch.no_grad():
+            after = ctx.masked_mean(_kl(ctx.adapter.logits(model, ctx.batch), ref_logits))
+        change = (after - before) / max(abs(before), 1e-12)
+        if abs(change) >= KL_DIRECTION_MIN_CHANGE:
+            break
+    return _result("kl_direction", change, "< 0", change < 0)
 
 
 def _update_from(ctx: Context, stale_grads: bool):

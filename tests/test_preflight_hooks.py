@@ -77,9 +77,9 @@ def test_copy_model_is_used_for_every_copy_the_suite_makes():
     adapter = _adapter(copy_model=copy_model)
     report = run_suite(adapter, only=["kl_positive", "kl_direction", "accumulation"])
     assert report.passed, table(report)
-    # kl_positive's update copies once (the stepped model), kl_direction twice (its frozen reference and the
-    # moved policy), accumulation once
-    assert len(copies) == 4
+    # kl_positive's update copies once (the stepped model), kl_direction three times (its frozen reference, the
+    # moved policy, and the stepped copy of the one step length this healthy KL needs), accumulation once
+    assert len(copies) == 5
 
 
 def test_without_copy_model_the_suite_deep_copies():

@@ -381,3 +381,50 @@ def test_a_surrogate_that_loses_its_minus_mid_run_is_stopped_at_the_next_generat
     callback = RlguardCallback.attach(healthy, mode="raise", monitor=False)
     healthy.train()
     assert callback.switched_off == {}
+
+
+@pytest.mark.parametrize("which, config, code", [
+    (0, {"beta": -0.1}, _code("kl-sign")),
+    (0, {"entropy_coef": -0.01}, _code("entropy-bonus-sign")),
+    (1, {"beta": -0.05}, _code("kl-sign")),
+], ids=["grpo-beta", "grpo-entropy", "rloo-beta"])
+def test_a_coefficient_with_the_wrong_sign_stops_training_at_the_first_loss(which, config, code):
+    _, make = _makers()[which]
+    trainer = make(max_steps=2, **config)
+    RlguardCallback.attach(trainer, mode="raise", monitor=False)
+    with pytest.raises(ContractViolation) as exc:
+        trainer.train()
+    assert exc.value.code == code and trainer.state.global_step == 0
+
+
+def test_a_kl_coefficient_that_turns_negative_mid_run_is_stopped_then():
+    from trl import GRPOTrainer
+
+    class BetaScheduleBelowZero(GRPOTrainer):
+        def _generate_and_score_completions(self, inputs):
+            self.beta = 0.1 if self.state.global_step < 2 else -0.1  # a schedule that goes wrong at step 2
+            return super()._generate_and_score_completions(inputs)
+
+    trainer = h.make_trainer(BetaScheduleBelowZero, beta=0.1, max_steps=4)
+    RlguardCallback.attach(trainer, mode="raise", monitor=False)
+    with pytest.raises(ContractViolation) as exc:
+        trainer.train()
+    assert exc.value.code == _code("kl-sign") and trainer.state.global_step == 2
+
+
+def test_gradients_not_zeroed_between_trls_own_steps_are_stopped_by_the_callback():
+    """RLG013 through the trainer's own loop (the preflight replays transformers' loop, so it skips this check):
+    a subclass whose model's zero_grad is a no-op accumulates every step's gradient into the next."""
+    from trl import GRPOTrainer
+
+    class NoZeroGrad(GRPOTrainer):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.model.zero_grad = lambda *a, **k: None
+
+    trainer = h.make_trainer(NoZeroGrad, max_steps=4)
+    RlguardCallback.attach(trainer, mode="raise", monitor=False)
+    with pytest.raises(ContractViolation) as exc:
+        trainer.train()
+    assert exc.value.code == _code("grad-not-zeroed") and trainer.state.global_step == 1
+    assert "still held the gradient left by optimizer step 0" in str(exc.value)

@@ -52,7 +52,11 @@ from transformers import TrainerCallback
 from rlguard.contracts import (Batch, ContractViolation, Finite, FollowsRewards, Frozen, Guard, GroupCentred, Mask,
                                MatchesOwner, NoGrad, UpdateDirection, check_batch)
 from rlguard.contracts import mode as contracts_mode
+from rlguard.catalog import ENTROPY_BONUS_SIGN, KL_SIGN
+from rlguard.contracts.errors import Violation
 from rlguard.contracts.markers import POLICY_ROLE
+from rlguard.contracts.settings import report
+from rlguard.contracts.spec import format_message
 from rlguard.diagnose import Monitor, SymptomError, Thresholds
 from rlguard.diagnose.trl_logs import TRL_METRICS  # TRL's name -> rlguard's, shared with `rlguard diagnose`
 from rlguard.integrations.trl.preflight import (RLOOTrainer, adapter_parameter_names, per_token, policy_written,
@@ -129,6 +133,7 @@ def loss_spec(rloo: bool, directed: bool) -> Batch:
 GUARD = "Guard's reference and frozen-parameter checks (RLG008, RLG014)"
 GENERATION = "checks of the generation batch (RLG001, RLG003, RLG005, RLG009)"
 REWARDS_CHECK = "checks of the reward functions' values"
+SIGNS = "checks of the KL and entropy coefficients' signs (RLG004, RLG011)"
 LOSS = "checks of the loss inputs (RLG002) and the PPO ratio"
 DIAGNOSIS = "live diagnosis of the logged metrics"
 
@@ -428,6 +433,7 @@ class RlguardCallback(TrainerCallback):
             self._loss_frames.pop()
         if frame["logp"] is not None and self.trainer.model.training:
             self._safely(LOSS, self._check_loss, inputs, frame["logp"])
+            self._safely(SIGNS, self._check_signs)
         return loss
 
     def _check_loss(self, inputs: dict, logp: torch.Tensor) -> None:
@@ -452,6 +458,26 @@ class RlguardCallback(TrainerCallback):
                 self._ratio = [max(self._ratio[0], float(ratio.max())), min(self._ratio[1], float(ratio.min()))]
         elif selected.any():  # TRL uses the fresh log-probs, detached: the ratio is exactly 1
             self._ratio = [max(self._ratio[0], 1.0), min(self._ratio[1], 1.0)]
+
+    def _check_signs(self) -> None:
+        """The signs of the loss's KL and entropy coefficients as the loss uses them now (TRL's ``beta`` and
+        ``entropy_coef``, which a schedule, the adaptive entropy control or a subclass may change mid-run): the
+        KL term (GRPO's loss; RLOO's reward penalty) must be a penalty, the entropy term a bonus."""
+        t, where = self.trainer, f"{self.trainer_class.__name__}._compute_loss"
+        found = []
+        if t.beta < 0:
+            found.append(Violation(KL_SIGN, where, "beta", format_message(
+                KL_SIGN, where, "beta", f"the KL coefficient is {t.beta:g} (< 0): the KL to the reference is "
+                "rewarded, so the update drives the policy away from it", got=repr(t.beta),
+                hint="beta >= 0 (0 turns the KL term off); see RLG011")))
+        if not self.rloo and getattr(t, "_entropy_bonus_enabled", False) and t.entropy_coef < 0:
+            found.append(Violation(ENTROPY_BONUS_SIGN, where, "entropy_coef", format_message(
+                ENTROPY_BONUS_SIGN, where, "entropy_coef", f"the entropy coefficient is {t.entropy_coef:g} (< 0): "
+                "TRL subtracts entropy_coef * entropy from the loss, so the entropy is penalised and the policy "
+                "collapses", got=repr(t.entropy_coef), hint="entropy_coef >= 0; see RLG004")))
+        if found:
+            with contracts_mode(self.mode):
+                report(found)
 
     # -- helpers -------------------------------------------------------------------------------------------------
     def _multi_step(self) -> bool:
