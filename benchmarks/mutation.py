@@ -18,6 +18,7 @@ finding or an exception from the linter on either side).
     python benchmarks/mutation.py --mirrors DIR                       # every site, both parts
     python benchmarks/mutation.py --mirrors DIR --part development -v # one line per site with the finding
     python benchmarks/mutation.py --mirrors DIR --only trl --fuzz 3   # plus 3 random mutants per operator/site
+    python benchmarks/mutation.py --mirrors DIR --preview --code RLG016 # one code, preview rules on
     python benchmarks/mutation.py --mirrors DIR --write               # update docs/benchmarks.md
 
 ``--fuzz N`` is a robustness pass: for each site, each operator that applies somewhere in the site's function is
@@ -55,7 +56,23 @@ Operators (parameters in brackets; ``occurrence`` is 1-based, left to right on t
   whole minibatch before the microbatch loop) becomes ``mask.sum()`` (the microbatch's own count);
 - ``seq_mean`` [keyword=dim]: a token mean over the batch becomes a mean over sequences of per-sequence token
   means: ``(x * m).sum() / m.sum()`` -> ``((x * m).sum(-1) / m.sum(-1)).mean()``, or a ``*mean*(x, m)`` helper
-  call -> ``*mean*(x, m, dim=-1).mean()``.
+  call -> ``*mean*(x, m, dim=-1).mean()``;
+- ``drop_attention_mask`` [keyword=attention_mask, occurrence]: the ``keyword=`` argument of a call on the line, or
+  the ``"keyword"`` entry of a dict literal on the line (a dict splatted into the forward), is removed: a model
+  forward on padded or packed ids without its mask;
+- ``pad_as_eos`` [tokenizer, where=function|line]: ``<tokenizer>.pad_token = <tokenizer>.eos_token`` is inserted as
+  the first statement of the function holding the line (after its docstring; ``where = "line"``, or a line at
+  module level: just before the statement holding the line), so a mask or labels built from the pad id on the line
+  (``ids != tok.pad_token_id``, ``ignore_index=tok.pad_token_id``) also drop the EOS; ``tokenizer`` defaults to the
+  object whose ``.pad_token_id`` the line reads;
+- ``remove_eval`` [occurrence]: the ``*.eval()`` / ``*.train(False)`` statement on the line is deleted, or the
+  ``.eval()`` call in a chain on the line is removed (``copy.deepcopy(m).eval()`` -> ``copy.deepcopy(m)``): a
+  reference, old-policy or value forward scored in train mode;
+- ``filter_one_field`` [name, occurrence]: the row selection ``x[idx]`` (``x[idx, ...]``; an index tensor, not a
+  slice or a constant) on the line is removed from that one field (``x = x[idx]`` is deleted), where ``idx`` or a
+  name it is built from is used elsewhere in the function (the other fields keep the selection): rows out of step.
+
+``--fuzz-operator OP`` (repeatable) restricts the fuzz pass to some operators.
 """
 
 from __future__ import annotations
@@ -66,6 +83,7 @@ import datetime
 import json
 import os
 import random
+import re
 import sys
 import time
 import traceback
@@ -617,6 +635,224 @@ def op_seq_mean(src: Source, line: int, params: dict) -> dict:
     return edits
 
 
+# ----- RLG016-RLG019 ---------------------------------------------------------------------------------------------
+
+def _is_key(node: cst.BaseExpression | None, key: str) -> bool:
+    return isinstance(node, cst.SimpleString) and node.evaluated_value == key
+
+
+def _without(items: list, idx: int) -> list:
+    """``items`` (call args or dict elements) without the ``idx``-th; a removed last item hands its trailing
+    comma (and the whitespace before the closing bracket) to the new last one."""
+    out = list(items[:idx]) + list(items[idx + 1:])
+    if out and idx == len(items) - 1:
+        last, removed = out[-1], items[idx]
+        changes = {"comma": removed.comma}
+        if isinstance(last, cst.Arg):
+            changes["whitespace_after_arg"] = removed.whitespace_after_arg
+        out[-1] = last.with_changes(**changes)
+    return out
+
+
+def op_drop_attention_mask(src: Source, line: int, params: dict) -> dict:
+    keyword = params.get("keyword", "attention_mask")
+    cands = []
+    for node in src.nodes:
+        if isinstance(node, cst.Call):
+            for i, arg in enumerate(node.args):
+                if arg.keyword is not None and arg.keyword.value == keyword and src.line_of(arg) == line:
+                    cands.append((src.start(arg), node, i))
+        elif isinstance(node, cst.Dict):
+            for i, el in enumerate(node.elements):
+                if isinstance(el, cst.DictElement) and _is_key(el.key, keyword) and src.line_of(el) == line:
+                    cands.append((src.start(el), node, i))
+    cands.sort(key=lambda c: c[0])
+    edits = {}
+    for _, node, i in pick(cands, params, f"{keyword}= argument or {keyword!r} entry", line):
+        if isinstance(node, cst.Call):
+            edits[id(node)] = lambda upd, i=i: upd.with_changes(args=_without(list(upd.args), i))
+        else:
+            edits[id(node)] = lambda upd, i=i: upd.with_changes(elements=_without(list(upd.elements), i))
+    return edits
+
+
+PAD_READS = frozenset({"pad_token_id", "pad_token", "pad_id"})
+PAD_NAME = re.compile(r"(?i)(\w+_)?pad(ding)?(_token)?(_ids?|_idx|_index)?")
+
+
+def _end_line(src: Source, node: cst.CSTNode) -> int:
+    return src.pos[node].end.line
+
+
+def _innermost(src: Source, line: int, kinds) -> cst.CSTNode | None:
+    """The innermost node of ``kinds`` whose lines contain ``line``."""
+    best = None
+    for node in src.nodes:
+        if isinstance(node, kinds) and node in src.pos and src.line_of(node) <= line <= _end_line(src, node):
+            if best is None or src.line_of(node) >= src.line_of(best) and _end_line(src, node) <= _end_line(src, best):
+                best = node
+    return best
+
+
+def _block_statement(src: Source, line: int) -> cst.BaseStatement | None:
+    """The innermost statement holding ``line`` that sits directly in a block (a body or the module)."""
+    best = None
+    for node in src.nodes:
+        if isinstance(node, (cst.SimpleStatementLine, cst.BaseCompoundStatement)) and node in src.pos and \
+                isinstance(src.parents.get(id(node)), (cst.IndentedBlock, cst.Module)) and \
+                src.line_of(node) <= line <= _end_line(src, node):
+            if best is None or src.line_of(node) >= src.line_of(best):
+                best = node
+    return best
+
+
+def _is_docstring(stmt: cst.BaseStatement) -> bool:
+    return isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1 and isinstance(stmt.body[0], cst.Expr) \
+        and isinstance(stmt.body[0].value, (cst.SimpleString, cst.ConcatenatedString))
+
+
+def op_pad_as_eos(src: Source, line: int, params: dict) -> dict:
+    reads = [n for n in src.on_line(line, cst.Attribute) if n.attr.value in PAD_READS and dotted(n.value)]
+    tokenizer = params.get("tokenizer")
+    if tokenizer is None:
+        if not reads:
+            raise InvalidSite(f"no tokenizer .pad_token_id read on line {line} (give tokenizer = \"<name>\")")
+        tokenizer = dotted(reads[0].value)
+    elif not reads and not any(isinstance(n, cst.Name) and PAD_NAME.fullmatch(n.value) for n in
+                               src.on_line(line, cst.Name)):
+        raise InvalidSite(f"no pad id read on line {line}")
+    parse_dotted(tokenizer)
+    setting = cst.parse_statement(f"{tokenizer}.pad_token = {tokenizer}.eos_token\n")
+    where = params.get("where", "function")
+    if where not in ("function", "line"):
+        raise InvalidSite(f"where = {where!r}: function or line")
+    func = _innermost(src, line, cst.FunctionDef) if where == "function" else None
+    if func is not None and isinstance(func.body, cst.IndentedBlock):
+        def prepend(upd):
+            body = list(upd.body.body)
+            at = 1 if body and _is_docstring(body[0]) else 0
+            return upd.with_changes(body=upd.body.with_changes(body=[*body[:at], setting, *body[at:]]))
+        return {id(func): prepend}
+    stmt = _block_statement(src, line)
+    if stmt is None:
+        raise InvalidSite(f"no statement holds line {line}")
+
+    def before(upd):
+        first = setting.with_changes(leading_lines=upd.leading_lines)
+        return cst.FlattenSentinel([first, upd.with_changes(leading_lines=[])])
+    return {id(stmt): before}
+
+
+def _mode_off(call: cst.Call) -> bool:
+    """``x.eval()``, ``x.train(False)``, ``x.train(mode=False)``."""
+    if not isinstance(call.func, cst.Attribute):
+        return False
+    name = call.func.attr.value
+    if name == "eval":
+        return not call.args
+    if name == "train" and len(call.args) == 1:
+        value = call.args[0].value
+        return isinstance(value, cst.Name) and value.value == "False"
+    return False
+
+
+def op_remove_eval(src: Source, line: int, params: dict) -> dict:
+    stmt = statement_at(src, line, (cst.SimpleStatementLine,))
+    if stmt is not None:
+        smalls = [s for s in stmt.body if isinstance(s, cst.Expr) and isinstance(s.value, cst.Call)
+                  and _mode_off(s.value)]
+        if smalls:
+            if len(stmt.body) == 1:
+                return {id(stmt): cst.RemovalSentinel.REMOVE}
+            return {id(smalls[0]): cst.RemovalSentinel.REMOVE}
+    cands = [(src.start(n.func.attr), n) for n in src.nodes if isinstance(n, cst.Call) and _mode_off(n)
+             and src.line_of(n.func.attr) == line]
+    cands.sort(key=lambda c: c[0])
+    return {id(n): (lambda upd: paren_like(upd.func.value, upd))
+            for _, n in pick(cands, params, ".eval() / .train(False) call", line)}
+
+
+def _row_index(sub: cst.Subscript) -> cst.BaseExpression | None:
+    """The index expression of ``x[idx]`` / ``x[idx, ...]`` when it is a tensor of rows (not a slice, a number, a
+    string key, ``None`` or ``...``)."""
+    first = sub.slice[0].slice if sub.slice else None
+    if not isinstance(first, cst.Index) or first.star is not None:
+        return None
+    value = first.value
+    if isinstance(value, (cst.Integer, cst.Float, cst.SimpleString, cst.ConcatenatedString, cst.FormattedString,
+                          cst.Ellipsis)) or int_value(value) is not None:
+        return None
+    if isinstance(value, cst.Name) and value.value in ("None", "True", "False"):
+        return None
+    if isinstance(value, (cst.Tuple, cst.Slice)):
+        return None
+    return value
+
+
+def _shared_selection(src: Source, sub: cst.Subscript, idx: cst.BaseExpression) -> bool:
+    """Whether the selection ``idx`` (or a name it is built from) is used elsewhere in the function (or module)
+    that holds ``sub``: other fields are selected by it, so the field left unselected falls out of step."""
+    names = {n.value for n in src.nodes if isinstance(n, cst.Name) and n in src.pos and _within(src, n, idx)
+             and not isinstance(src.parents.get(id(n)), cst.Attribute)}  # variables, not modules or attributes
+    if not names:
+        return False
+    scope = _innermost(src, src.line_of(sub), cst.FunctionDef) or src.module
+    for n in src.nodes:
+        if isinstance(n, cst.Name) and n.value in names and n in src.pos and _within(src, n, scope) \
+                and not _within(src, n, sub) and not _is_attr_name(src, n):
+            return True
+    return False
+
+
+def _is_attr_name(src: Source, n: cst.Name) -> bool:
+    parent = src.parents.get(id(n))
+    return isinstance(parent, cst.Attribute) and parent.attr is n
+
+
+def _within(src: Source, node: cst.CSTNode, outer: cst.CSTNode) -> bool:
+    if isinstance(outer, cst.Module):
+        return True
+    a, b = src.pos[outer].start, src.pos[outer].end
+    p = src.pos[node].start
+    return (a.line, a.column) <= (p.line, p.column) <= (b.line, b.column)
+
+
+def op_filter_one_field(src: Source, line: int, params: dict) -> dict:
+    name = params.get("name")
+    cands = []
+    for n in src.nodes:
+        if not isinstance(n, cst.Subscript):
+            continue
+        idx = _row_index(n)
+        if idx is None or src.line_of(idx) != line or not (name is None or dotted(n.value) == name):
+            continue
+        if not _shared_selection(src, n, idx):
+            continue  # the selection is used nowhere else: no other field to fall out of step with
+        cands.append((src.start(idx), n))
+    cands.sort(key=lambda c: c[0])
+    edits = {}
+    for _, node in pick(cands, params, f"row selection{f' of {name}' if name else ''} shared with another field",
+                        line):
+        rest = list(node.slice[1:])
+        trivial = all(isinstance(e.slice, cst.Slice) and e.slice.lower is None and e.slice.upper is None
+                      and e.slice.step is None for e in rest)
+        parent = src.parents.get(id(node))
+        stmt = src.parents.get(id(parent)) if parent is not None else None
+        if trivial and isinstance(parent, cst.Assign) and parent.value is node and len(parent.targets) == 1 \
+                and src.code(parent.targets[0].target) == src.code(node.value) \
+                and isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1:
+            edits[id(stmt)] = cst.RemovalSentinel.REMOVE  # `x = x[idx]` -> the statement goes
+        elif trivial:
+            edits[id(node)] = lambda upd: paren_like(upd.value, upd)
+        else:
+            def edit(upd):
+                elems = list(upd.slice)
+                elems[0] = elems[0].with_changes(slice=cst.Slice(lower=None, upper=None))
+                return upd.with_changes(slice=elems)
+            edits[id(node)] = edit
+    return edits
+
+
 OPERATORS: dict[str, Callable] = {
     "flip_sign": op_flip_sign,
     "drop_negation": op_drop_negation,
@@ -632,10 +868,15 @@ OPERATORS: dict[str, Callable] = {
     "move_old_logp_into_loop": op_move_old_logp_into_loop,
     "local_count": op_local_count,
     "seq_mean": op_seq_mean,
+    "drop_attention_mask": op_drop_attention_mask,
+    "pad_as_eos": op_pad_as_eos,
+    "remove_eval": op_remove_eval,
+    "filter_one_field": op_filter_one_field,
 }
 # operators that need no site-specific parameter: the ones the fuzz pass applies at random places
 FUZZABLE = ("flip_sign", "drop_negation", "swap_min_max", "remove_no_grad", "remove_detach", "shift_mask",
-            "remove_shift", "remove_zero_grad", "batch_mean", "drop_temperature", "seq_mean")
+            "remove_shift", "remove_zero_grad", "batch_mean", "drop_temperature", "seq_mean", "drop_attention_mask",
+            "pad_as_eos", "remove_eval", "filter_one_field")
 
 
 def mutate(text: str, operator: str, line: int, params: dict) -> str:
@@ -829,8 +1070,10 @@ def judge(site: Site, tree: Path, linter: Linter, original_cache: dict) -> Outco
     return Outcome(site, "MISSED", f"new codes in the function: {', '.join(other) or 'none'}", mut_findings, seconds)
 
 
-def fuzz_site(site: Site, tree: Path, linter: Linter, n: int, rng: random.Random) -> tuple[int, list[str]]:
-    """Apply each fuzzable operator at up to ``n`` random places of the site's function; lint each mutant."""
+def fuzz_site(site: Site, tree: Path, linter: Linter, n: int, rng: random.Random,
+              operators: Iterable[str] = FUZZABLE) -> tuple[int, list[str]]:
+    """Apply each fuzzable operator (or those of ``operators``) at up to ``n`` random places of the site's function;
+    lint each mutant."""
     file = tree / site.path
     original_bytes = file.read_bytes()
     original = original_bytes.decode("utf-8", "replace")
@@ -844,7 +1087,7 @@ def fuzz_site(site: Site, tree: Path, linter: Linter, n: int, rng: random.Random
     lines = sorted({ln for a, b in ranges for ln in range(a, b + 1)})
     done, failures = 0, []
     linter.use(tree)
-    for operator in FUZZABLE:
+    for operator in operators:
         places = []
         for ln in lines:
             try:
@@ -930,6 +1173,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sites", action="append", help="site file(s) instead of the two defaults")
     parser.add_argument("--preview", action="store_true", help="turn the preview rules on")
     parser.add_argument("--fuzz", type=int, default=0, metavar="N", help="random mutants per operator and site")
+    parser.add_argument("--fuzz-operator", action="append", choices=FUZZABLE, metavar="OP",
+                        help="fuzz only with these operators (repeatable; default: every fuzzable one)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("-v", "--verbose", action="store_true")
     parser.add_argument("--json", metavar="FILE")
@@ -968,7 +1213,7 @@ def main(argv: list[str] | None = None) -> int:
                 else:
                     print(f"{outcome.status:16} {site.label}{mark}", file=sys.stderr)
                 if args.fuzz:
-                    n, failures = fuzz_site(site, tree, linter, args.fuzz, rng)
+                    n, failures = fuzz_site(site, tree, linter, args.fuzz, rng, args.fuzz_operator or FUZZABLE)
                     fuzzed += n
                     fuzz_failures += failures
     finally:
@@ -985,7 +1230,8 @@ def main(argv: list[str] | None = None) -> int:
     print(sites_table)
     fuzz_line = ""
     if args.fuzz:
-        fuzz_line = (f"Fuzz pass (`--fuzz {args.fuzz} --seed {args.seed}`): {fuzzed} random mutants linted, "
+        ops = "".join(f" --fuzz-operator {op}" for op in args.fuzz_operator or ())
+        fuzz_line = (f"Fuzz pass (`--fuzz {args.fuzz} --seed {args.seed}{ops}`): {fuzzed} random mutants linted, "
                      f"{len(fuzz_failures)} with an internal error or exception.")
         print("\n" + fuzz_line)
         for f in fuzz_failures:
