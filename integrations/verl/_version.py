@@ -1,0 +1,47 @@
+"""The verl versions this integration is tested with, and the check that refuses the others.
+
+The installed version is read from the package metadata, so an unsupported verl is refused before anything
+imports it (importing verl pulls in Ray, transformers and its config system: seconds, and side effects). The
+range is the ``[verl]`` extra's (``pyproject.toml``; a test keeps the two equal).
+"""
+
+from __future__ import annotations
+
+import re
+from importlib import metadata
+
+SUPPORTED_VERL = ">=0.9.1,<0.10"
+INSTALL = "pip install 'rlguard[verl]'"
+
+
+class UnsupportedVerlError(ImportError):
+    """verl is missing, or its version is outside the tested range."""
+
+
+def release(version: str) -> tuple[int, ...]:
+    """The leading release numbers of a version string: "0.9.1rc1" -> (0, 9, 1)."""
+    match = re.match(r"\d+(?:\.\d+)*", version.strip())
+    if match is None:
+        raise ValueError(f"not a version: {version!r}")
+    return tuple(int(p) for p in match.group().split("."))
+
+
+def supported(version: str, spec: str = SUPPORTED_VERL) -> bool:
+    """Whether ``version`` (e.g. "0.9.1") lies in ``spec`` (">=A,<B")."""
+    low, high = (s.strip() for s in spec.split(","))
+    return release(low.removeprefix(">=")) <= release(version) < release(high.removeprefix("<"))
+
+
+def require_supported_verl() -> str:
+    """The installed verl version; ``UnsupportedVerlError`` naming the supported range when it is not usable."""
+    try:
+        version = metadata.version("verl")
+    except metadata.PackageNotFoundError:
+        raise UnsupportedVerlError(
+            f"rlguard.integrations.verl needs verl {SUPPORTED_VERL}, which is not installed: {INSTALL}") from None
+    if not supported(version):
+        raise UnsupportedVerlError(
+            f"rlguard.integrations.verl supports verl {SUPPORTED_VERL}; verl {version} is installed. It wraps "
+            f"functions of verl.trainer.ppo.core_algos whose signatures change between verl releases: {INSTALL} "
+            "installs a supported version")
+    return version
