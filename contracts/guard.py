@@ -257,6 +257,7 @@ class Guard:
         self._rows: dict[tuple, dict] = {}  # Frozen's row hashes, per (function, argument, row length)
         self._identity: dict[tuple, dict] = {}  # RowsInStep's key -> value hashes, per (field, row widths)
         self._direction: dict[tuple, tuple] = {}  # UpdateDirection's rows, per (function, argument), this update
+        self._verdicts_off: set[tuple] = set()  # (function, argument) whose verdict failed inside rlguard (logged)
         self._done: set[tuple[str, str, str]] = set()
         self._ref_watch = Watch(named_tensors(reference)) if isinstance(reference, nn.Module) else None
         self._pre_versions: list[int] | None = None
@@ -326,8 +327,19 @@ class Guard:
         self._done.clear()
         found = []
         if STATE.mode != "off":
-            for marker, store in self._direction.values():
-                v = marker.verdict(store, self.steps_in_update)
+            for key, (marker, store) in self._direction.items():
+                if key in self._verdicts_off:
+                    continue
+                try:
+                    v = marker.verdict(store, self.steps_in_update)
+                except ContractViolation:  # a finding reported from inside: the news
+                    raise
+                except Exception as exc:  # noqa: BLE001 - rlguard's own failure must not stop the run it watches
+                    self._verdicts_off.add(key)
+                    _log.error("rlguard: the Guard's update-direction verdict (RLG005, %s on %s(%s)) failed at the "
+                               "end of an update (%s: %s) and is switched off; training goes on", type(marker).__name__,
+                               key[0], key[1], type(exc).__name__, exc)
+                    continue
                 if v is not None:
                     found.append(v)
         self._direction.clear()
@@ -570,6 +582,7 @@ class _GradWatch:
 
     def __init__(self, guard: Guard, optimizers: list) -> None:
         self.hooks: list[Any] = []
+        self.on = True  # off after an internal error of the check itself (logged once)
         self._after: dict[int, tuple] = {}  # watched id -> (step, grad id, version) recorded after a step
         self._stale: list[tuple[str, int, str]] = []  # (name, step, optimizer label)
         self._by_optimizer: dict[int, list[tuple[int, weakref.ReferenceType]]] = {}
@@ -615,6 +628,17 @@ class _GradWatch:
                 if bool(g.detach().any()):
                     self._stale.append((self._names.get(key, "?"), step, label))
 
+    def failed(self, exc: BaseException) -> None:
+        """An error inside the gradient hook itself (rlguard's, raised during the trainer's ``backward``): logged
+        once, the check switched off, the gradient left as it is."""
+        if not self.on:
+            return
+        self.on = False
+        self._after.clear()
+        self._stale = []
+        _log.error("rlguard: the Guard's gradient-zeroing check (RLG013, a tensor hook run during backward) failed "
+                   "(%s: %s) and is switched off; training goes on", type(exc).__name__, exc)
+
     def before_step(self, optimizer: Any) -> list[Violation]:
         if not self._stale:
             return []
@@ -633,8 +657,14 @@ class _GradWatch:
 def _make_grad_hook(owner: weakref.ReferenceType, key: int, param: weakref.ReferenceType, label: str):
     def hook(grad: torch.Tensor) -> None:  # returns None: the gradient is left as it is
         watch, p = owner(), param()
-        if watch is not None and p is not None and key in watch._after and STATE.mode != "off":
-            watch.arrived(key, p, label)
+        if watch is None or p is None or not watch.on:
+            return None
+        try:  # inside the trainer's loss.backward(): an error of rlguard's here would stop the run it watches
+            if key in watch._after and STATE.mode != "off":
+                watch.arrived(key, p, label)
+        except Exception as exc:  # noqa: BLE001 - rlguard's own failure must not stop the run it watches
+            watch.failed(exc)
+        return None
 
     return hook
 

@@ -130,3 +130,49 @@ def test_warn_mode_guard_logs_instead(caplog):
     with mode("warn"), caplog.at_level("WARNING", logger="rlguard.contracts"):
         Guard(policy=policy, reference=policy, optimizer=opt).close()
     assert "RLG008" in caplog.text
+
+
+def test_an_internal_error_in_the_gradient_hook_is_logged_once_and_backward_goes_on(monkeypatch, caplog):
+    """RLG013's tensor hook runs inside the trainer's ``loss.backward()``: an error of rlguard's own there must not
+    raise out of backward. It is logged once with what was checked, and that check is switched off."""
+    import logging
+
+    from rlguard.contracts import guard as guard_module
+
+    def boom(*_a, **_k):
+        raise RuntimeError("grad hook bug under test")
+
+    monkeypatch.setattr(guard_module._GradWatch, "arrived", boom)
+    torch.manual_seed(0)
+    policy = nn.Linear(4, 2)
+    opt = torch.optim.SGD(policy.parameters(), lr=0.1)
+    g = Guard(policy=policy, optimizer=opt, check_every=1)
+    x = torch.randn(3, 4)
+    with caplog.at_level(logging.ERROR, logger="rlguard.contracts"):
+        for _ in range(4):
+            opt.zero_grad()
+            policy(x).sum().backward()  # raised RuntimeError before the hook was guarded
+            opt.step()
+    errors = [r.getMessage() for r in caplog.records if "grad hook bug under test" in r.getMessage()]
+    assert len(errors) == 1 and "RLG013" in errors[0] and "switched off" in errors[0], errors
+    assert not g._grads.on and g.steps == 4
+    g.close()
+
+
+def test_an_internal_error_in_the_update_direction_verdict_is_logged_once(monkeypatch, caplog):
+    import logging
+
+    class Store:  # stands for the UpdateDirection marker whose verdict is read at the end of each update
+        def verdict(self, store, steps):
+            raise RuntimeError("verdict bug under test")
+
+    policy = nn.Linear(4, 2)
+    g = Guard(policy=policy, optimizer=torch.optim.SGD(policy.parameters(), lr=0.1))
+    with caplog.at_level(logging.ERROR, logger="rlguard.contracts"):
+        for _ in range(2):
+            g.begin_update()
+            g.direction_rows("f", "logp", Store())
+            g.end_update()  # raised RuntimeError before the verdict was guarded
+    errors = [r.getMessage() for r in caplog.records if "verdict bug under test" in r.getMessage()]
+    assert len(errors) == 1 and "RLG005" in errors[0] and "switched off" in errors[0], errors
+    g.close()

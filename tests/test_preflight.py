@@ -284,3 +284,21 @@ def test_checks_draw_more_batches_until_their_precondition_is_met():
     adapter.stop_token_ids = (10_000,)  # never written: not exercised, with the seeds tried
     (never,) = run_suite(adapter, only=["stop_token_trained"]).checks
     assert never.skipped and "not exercised" in never.hint and "seeds 0-7" in never.hint
+
+
+def test_kl_direction_near_zero_kl_is_not_exercised_rather_than_a_verdict_from_noise():
+    """A policy whose logits are scaled to ~1e-7: the KL to the reference is ~1e-9, below float32's rounding of
+    it, so whatever sign its change takes is noise. The check says so (skipped, with the numbers) instead of
+    failing or passing on that sign; the healthy example still gets its verdict."""
+    from trl_style_grpo import TRLStyleAdapter
+
+    class NearZeroKL(TRLStyleAdapter):
+        def logits(self, model, batch):
+            return super().logits(model, batch) * 1e-7
+
+    for seed in (0, 1):
+        (result,) = run_suite(NearZeroKL(), seed=seed, only=["kl_direction"]).checks
+        assert result.skipped and result.passed, result
+        assert "not exercised" in result.hint and "within rounding" in result.hint, result.hint
+    (healthy,) = run_suite(TRLStyleAdapter(), only=["kl_direction"]).checks
+    assert healthy.passed and not healthy.skipped and healthy.value < 0, healthy

@@ -18,6 +18,7 @@ import trl_helpers as h  # noqa: E402
 
 from rlguard.catalog import BY_NAME  # noqa: E402
 from rlguard.contracts import ContractViolation  # noqa: E402
+from rlguard.contracts import guard as guard_module  # noqa: E402
 from rlguard.contracts.settings import reset_warnings  # noqa: E402
 from rlguard.integrations.trl import RlguardCallback, UnsupportedTrainerError, preflight  # noqa: E402
 from rlguard.integrations.trl import callback as callback_module  # noqa: E402
@@ -56,6 +57,20 @@ def _dpo_trainer():
     args = DPOConfig(output_dir=h.scratch("dpo-"), per_device_train_batch_size=2, max_steps=1, report_to="none",
                      use_cpu=True, save_strategy="no", disable_tqdm=True)
     trainer = DPOTrainer(model=h.model_dir(), args=args, train_dataset=data, processing_class=h.tokenizer())
+    trainer.remove_callback(PrinterCallback)
+    return trainer
+
+
+def _sft_trainer():
+    from datasets import Dataset
+    from transformers.trainer_callback import PrinterCallback
+    from trl import SFTConfig, SFTTrainer
+
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    data = Dataset.from_dict({"text": ["w4 w5 w6 w7", "w8 w9 w10 w11"]})
+    args = SFTConfig(output_dir=h.scratch("sft-"), per_device_train_batch_size=2, max_steps=1, report_to="none",
+                     use_cpu=True, save_strategy="no", disable_tqdm=True, max_length=16)
+    trainer = SFTTrainer(model=h.model_dir(), args=args, train_dataset=data, processing_class=h.tokenizer())
     trainer.remove_callback(PrinterCallback)
     return trainer
 
@@ -112,22 +127,36 @@ def test_a_check_that_raises_after_attached_targets_names_the_finding_it_follows
     assert report.failed[0] == "targets_detached" or "targets_detached" in report.failed
     errors = [c for c in report.checks if c.error]
     assert errors and all(c.code is None for c in errors)  # rlguard errors, under no catalog code
-    assert all("a consequence of targets_detached (RLG003)" in c.hint for c in errors
-               if "backward through the graph" in c.hint)
+    consequences = [c for c in errors if "backward through the graph" in c.hint]
+    assert consequences, [(c.name, c.hint) for c in errors]  # the filter below must not pass vacuously
+    assert all("a consequence of targets_detached (RLG003)" in c.hint for c in consequences)
 
 
 # ---------------------------------------------------------------------------------------------- refused trainers
 
 
-def test_other_trainers_are_refused_at_attach_and_by_the_preflight():
-    dpo = _dpo_trainer()
-    with pytest.raises(UnsupportedTrainerError, match=r"DPOTrainer: .*supports trl\.GRPOTrainer or trl\.RLOOTrainer"):
-        RlguardCallback.attach(dpo)
+@pytest.mark.parametrize("make, name", [(_dpo_trainer, "DPOTrainer"), (_sft_trainer, "SFTTrainer")],
+                         ids=["dpo", "sft"])
+def test_other_trainers_are_refused_at_attach_and_by_the_preflight(make, name):
+    other = make()
+    with pytest.raises(UnsupportedTrainerError, match=rf"{name}: .*supports trl\.GRPOTrainer or trl\.RLOOTrainer"):
+        RlguardCallback.attach(other)
     with pytest.raises(UnsupportedTrainerError):
-        dpo.add_callback(RlguardCallback(dpo))  # added by hand: refused as it is made
-    assert not any(isinstance(cb, RlguardCallback) for cb in dpo.callback_handler.callbacks)
-    with pytest.raises(UnsupportedTrainerError, match="DPOTrainer"):
-        preflight(dpo)
+        other.add_callback(RlguardCallback(other))  # added by hand: refused as it is made
+    assert not any(isinstance(cb, RlguardCallback) for cb in other.callback_handler.callbacks)
+    with pytest.raises(UnsupportedTrainerError, match=name):
+        preflight(other)
+
+
+@pytest.mark.parametrize("make", [_dpo_trainer, _sft_trainer, h.make_trainer], ids=["dpo", "sft", "another-grpo"])
+def test_a_callback_made_for_one_trainer_and_added_to_another_is_refused_before_the_first_step(make):
+    grpo = h.make_trainer(max_steps=1)
+    other = make()
+    other.add_callback(RlguardCallback(grpo, monitor=False))  # made for grpo, added by hand to another trainer
+    with pytest.raises(UnsupportedTrainerError, match=r"made for a GRPOTrainer and is running in another trainer"):
+        other.train()
+    assert other.state.global_step == 0 and grpo.state.global_step == 0
+    assert "_generate_and_score_completions" not in grpo.__dict__  # nothing was wrapped on the trainer it was made for
 
 
 def test_a_trainer_swapped_after_the_callback_was_made_is_refused_before_the_first_step():
@@ -183,6 +212,7 @@ def test_healthy_rloo_run_is_bit_identical_with_the_callback_and_quiet():
     for (name, a), (_, b) in zip(watched.model.named_parameters(), plain.model.named_parameters()):
         assert torch.equal(a, b), name
     assert callback.monitor.alerts == [] and callback.switched_off == {} and callback.vanished == {}
+    assert callback._ranked and not callback._unranked_noted  # RLG005 ranks by the KL-penalised reward
     assert [r["step"] for r in callback.monitor.history] == [1, 2, 3, 4]
     assert callback.monitor.history[1]["ratio_max"] > 1.0  # the second optimizer step sees a moved policy
     assert watched.reward_funcs == [h.reward_good_words]  # the reward functions are the user's again
@@ -210,15 +240,33 @@ def test_an_rloo_fault_at_a_seam_stops_training_with_its_code(fault, code, where
 # ---------------------------------------------------------------------------------------------- mid-run faults
 
 
-@pytest.mark.parametrize("which", [0, 1], ids=["grpo", "rloo"])
-def test_advantages_negated_from_step_3_are_stopped_at_step_3(which):
+@pytest.mark.parametrize("which, config", [(0, {}), (1, {}), (1, {"beta": 0.05})],
+                         ids=["grpo", "rloo", "rloo-default-beta"])
+def test_advantages_negated_from_step_3_are_stopped_at_step_3(which, config):
+    """RLOO's default beta (0.05, one iteration) puts a KL penalty into the reward it centres: the advantages are
+    ranked by that reward, rebuilt from the generation's own old and reference log-probs."""
     base, make = _makers()[which]
-    trainer = make(_flip_from(base, 3), max_steps=6)
-    RlguardCallback.attach(trainer, mode="raise", monitor=False)
+    trainer = make(_flip_from(base, 3), max_steps=6, **config)
+    callback = RlguardCallback.attach(trainer, mode="raise", monitor=False)
     with pytest.raises(ContractViolation) as exc:
         trainer.train()
     assert exc.value.code == _code("advantage-sign") and "a higher reward has a lower advantage" in str(exc.value)
-    assert trainer.state.global_step == 3
+    assert trainer.state.global_step == 3 and callback._ranked
+
+
+def test_rloo_default_beta_ranks_by_the_kl_penalised_reward_and_a_healthy_run_passes():
+    """With beta > 0 RLOO centres ``reward - beta * KL``: ranking by the bare reward would flag healthy runs once
+    the KL differs within a group. A large beta makes it decide the order; the check stays quiet and on."""
+    from trl import RLOOConfig
+
+    fields = RLOOConfig.__dataclass_fields__
+    assert fields["beta"].default == 0.05 and fields["num_iterations"].default == 1  # RLOO's defaults
+    for beta in (0.05, 5.0):
+        trainer = h.make_rloo_trainer(beta=beta, max_steps=4, learning_rate=1e-2)
+        callback = RlguardCallback.attach(trainer, mode="raise", monitor=False)
+        trainer.train()
+        assert trainer.state.global_step == 4 and callback._ranked and callback.switched_off == {}
+        assert not callback._unranked_noted
 
 
 def test_advantages_normalised_after_summing_per_function_are_not_ranked_by_the_sum():
@@ -261,6 +309,70 @@ def test_a_reward_function_that_starts_returning_nan_is_stopped_with_its_name(wh
     assert "NaN" in str(exc.value) and trainer.state.global_step == 2
 
 
+def _reward_model_dir() -> str:
+    """A tiny sequence-classification reward model (one label) with the policy's tokenizer, saved once."""
+    if "reward" not in _REWARD_MODEL:
+        from transformers import LlamaConfig, LlamaForSequenceClassification
+
+        torch.manual_seed(1)
+        config = LlamaConfig(vocab_size=len(h.WORDS), hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                             num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=64, pad_token_id=0,
+                             eos_token_id=1, bos_token_id=2, num_labels=1)
+        path = h.scratch("reward-model-")
+        LlamaForSequenceClassification(config).save_pretrained(path)
+        h.tokenizer().save_pretrained(path)
+        _REWARD_MODEL["reward"] = path
+    return _REWARD_MODEL["reward"]
+
+
+_REWARD_MODEL: dict[str, str] = {}
+
+
+def _nan_from_forward(trainer, n: int) -> None:
+    """The trainer's reward model returns NaN logits from its n-th forward on (a diverged reward model)."""
+    model = trainer.reward_funcs[0]
+    calls = [0]
+
+    def hook(_module, _args, output):
+        calls[0] += 1
+        if calls[0] >= n:
+            output.logits = torch.full_like(output.logits, float("nan"))
+        return output
+
+    model.register_forward_hook(hook)
+
+
+def _async_nan_from_call(n: int):
+    calls = [0]
+
+    async def async_good_words_then_nan(completions, **kwargs):
+        calls[0] += 1
+        return [float("nan") if calls[0] >= n else r for r in h.reward_good_words(completions)]
+
+    return async_good_words_then_nan
+
+
+@pytest.mark.parametrize("which, kind", [(0, "model"), (1, "model"), (0, "async")],
+                         ids=["grpo-reward-model", "rloo-reward-model", "grpo-async"])
+def test_a_reward_model_or_async_function_that_starts_returning_nan_is_stopped_with_its_name(which, kind):
+    """Not only plain functions: a reward model (an ``nn.Module``, which TRL calls itself) is checked on its column
+    of ``_calculate_rewards``' output, an async function as it returns, before TRL's NaN handling hides it."""
+    _, make = _makers()[which]
+    if kind == "model":
+        trainer = make(max_steps=6, reward_funcs=_reward_model_dir())
+        _nan_from_forward(trainer, 3)
+        where = f"RLG000 {trainer.reward_func_names[0]}(): argument \"output['rewards']\""
+    else:
+        trainer = make(max_steps=6, reward_funcs=_async_nan_from_call(3))
+        where = "RLG000 async_good_words_then_nan(): argument \"output['rewards']\""
+    callback = RlguardCallback.attach(trainer, mode="raise", monitor=False)
+    with pytest.raises(ContractViolation) as exc:
+        trainer.train()
+    assert exc.value.code == _code("tensor-contract") and str(exc.value).startswith(where), str(exc.value)
+    assert "NaN" in str(exc.value) and trainer.state.global_step == 2
+    assert callback.switched_off == {}
+
+
 def test_none_rewards_are_trls_convention_and_pass():
     trainer = h.make_trainer(max_steps=3, reward_funcs=_none_for_long)
     callback = RlguardCallback.attach(trainer, mode="raise", monitor=False)
@@ -287,6 +399,9 @@ def _boom(*_args, **_kwargs):
     raise RuntimeError("rlguard bug under test")
 
 
+GUARD_INTERNAL = {"guard steps", "guard pre-step", "grad hook", "direction verdict"}
+
+
 @pytest.mark.parametrize("seam, target, attr", [
     ("Guard", callback_module, "Guard"),
     ("generation", callback_module, "policy_written"),
@@ -294,6 +409,12 @@ def _boom(*_args, **_kwargs):
     ("diagnosis", callback_module.Monitor, "step"),
     ("rewards", callback_module.RlguardCallback, "_check_rewards"),
     ("guard steps", callback_module.Guard, "_after_step"),
+    ("guard pre-step", callback_module.Guard, "_before_step"),
+    ("grad hook", guard_module._GradWatch, "arrived"),  # inside TRL's loss.backward()
+    ("direction verdict", callback_module.UpdateDirection, "verdict"),  # at the end of each generation's update
+    ("signs", callback_module.RlguardCallback, "_check_signs"),
+    ("generation spec", callback_module.RlguardCallback, "_choose_generation_spec"),
+    ("reward wrapping", callback_module.RlguardCallback, "_wrap_reward_functions"),
 ])
 def test_an_internal_error_at_any_seam_is_logged_once_and_training_finishes(seam, target, attr, monkeypatch,
                                                                             caplog):
@@ -307,7 +428,9 @@ def test_an_internal_error_at_any_seam_is_logged_once_and_training_finishes(seam
     errors = [r for r in caplog.records if "rlguard bug under test" in r.getMessage()]
     assert len(errors) == 1, [r.getMessage() for r in errors]  # once, then that check is off
     assert "switched off" in errors[0].getMessage()
-    if seam != "guard steps":  # the Guard's own step checks switch themselves off inside the Guard
+    if seam in GUARD_INTERNAL:  # the Guard's own checks switch themselves off inside the Guard
+        assert callback.switched_off == {}
+    else:
         assert len(callback.switched_off) == 1
     monkeypatch.undo()
     plain = h.make_trainer(**config)

@@ -34,7 +34,9 @@ logged once (logger ``rlguard.contracts``) with what was being checked, and that
 rest of the run (``RlguardCallback.switched_off`` lists them); TRL's own code runs exactly as without it.
 
 RLOO: its generation dict holds sequence-level old log-probs (``old_logps`` [B], the masked sum of the per-token
-ones) and no reference log-probs (its KL is a reward penalty, inside the advantages), so the checks read those.
+ones) and no reference log-probs (its KL is a reward penalty, inside the advantages), so the checks read those;
+the advantage-rank check (RLG005) ranks by the penalised reward, rebuilt from the old and reference per-token
+log-probs of the generation's own scoring passes (so it runs with RLOO's default ``beta=0.05``).
 """
 
 from __future__ import annotations
@@ -59,8 +61,9 @@ from rlguard.contracts.settings import report
 from rlguard.contracts.spec import format_message
 from rlguard.diagnose import Monitor, SymptomError, Thresholds
 from rlguard.diagnose.trl_logs import TRL_METRICS  # TRL's name -> rlguard's, shared with `rlguard diagnose`
-from rlguard.integrations.trl.preflight import (RLOOTrainer, adapter_parameter_names, per_token, policy_written,
-                                                supported_trainer)
+from rlguard.contracts.guard import wrapper_chain
+from rlguard.integrations.trl.preflight import (SUPPORTED_NAMES, RLOOTrainer, UnsupportedTrainerError,
+                                                adapter_parameter_names, per_token, policy_written, supported_trainer)
 
 _log = logging.getLogger("rlguard.contracts")
 
@@ -86,7 +89,8 @@ def generation_spec(rloo: bool, grouped: bool, ranked: bool) -> Batch:
     RLOO's sequence-level old log-probs (``old_logps`` [B]) and no reference ones (its KL is in the advantages).
     ``grouped`` (one process: every group's completions are here): advantages centred per group of
     ``group_size``. ``ranked``: within a group, a higher reward (``rewards`` [B], the weighted sum of the reward
-    functions) never gets a lower advantage (RLG005 at every generation: a sign that flips mid-run shows at once)."""
+    functions; RLOO's minus its KL penalty when ``beta != 0``) never gets a lower advantage (RLG005 at every
+    generation: a sign that flips mid-run shows at once)."""
     fields: dict = dict(
         owner=Int[Tensor, "B T"],
         action_mask=Annotated[Mask[Tensor, "B T-1"], MatchesOwner(owner="owner", policy_role=POLICY_ROLE)])
@@ -169,6 +173,8 @@ class RlguardCallback(TrainerCallback):
         self.guard: Guard | None = None
         self._wrapped: list[str] = []
         self._generated = None
+        self._unranked_noted = False  # said once: a generation whose advantages could not be ranked
+        self._generation_logps: list | None = None  # (model, per-token log-probs) of the generation's scoring passes
         self._loss_frames: list[dict] = []
         self._ratio = [-math.inf, math.inf]  # max, min of the PPO ratio since the last log
         self._step_mode = None
@@ -205,9 +211,10 @@ class RlguardCallback(TrainerCallback):
             return None
 
     # -- training events ---------------------------------------------------------------------------------------
-    def on_train_begin(self, args, state, control, optimizer=None, **kwargs):
+    def on_train_begin(self, args, state, control, optimizer=None, model=None, **kwargs):
         # a trainer swapped since the callback was made is refused here, before the first step
         supported_trainer(self.trainer, what="trainer given to RlguardCallback")
+        self._refuse_another_trainer(model)
         self._release()  # a previous train() that ended in an exception left its wrappers and guard
         if self.contracts:
             self._safely(GUARD, self._start_guard, optimizer)
@@ -220,43 +227,86 @@ class RlguardCallback(TrainerCallback):
             self._wrap("_compute_loss", self._checked_loss)
             self._wrap("_get_per_token_logps_and_entropies", self._observed_logps)
 
+    def _refuse_another_trainer(self, model) -> None:
+        """The callback runs in the trainer it was made for: one made for a GRPOTrainer and added by hand to
+        another trainer (a DPOTrainer, an SFTTrainer, a second GRPOTrainer) would check the wrong trainer's seams
+        while that one trains unwatched. Told by the model ``train()`` passes to its callbacks (the trainer's own,
+        as it was built; FSDP may wrap it since) and by the callback being in the trainer's callback list."""
+        t = self.trainer
+        handler = getattr(t, "callback_handler", None)
+        added = handler is None or any(cb is self for cb in getattr(handler, "callbacks", ()))
+        same_model = model is None or bool({id(m) for m in wrapper_chain(model)} &
+                                           {id(m) for m in wrapper_chain(getattr(t, "model", None))})
+        if added and same_model:
+            return
+        why = ("the model train() passed to the callbacks is a " + type(model).__name__ + ", not this trainer's"
+               if not same_model else "the callback is not in this trainer's callback list")
+        raise UnsupportedTrainerError(
+            f"RlguardCallback was made for a {type(t).__name__} and is running in another trainer's train() "
+            f"({why}): a callback made for one trainer and added by hand to another (a DPOTrainer, an SFTTrainer, "
+            f"another {self.trainer_class.__name__}) would watch the wrong one; refused before the first step. "
+            f"Make one for the trainer you train: RlguardCallback.attach(trainer), which supports "
+            f"{SUPPORTED_NAMES}")
+
     def _choose_generation_spec(self) -> None:
         t = self.trainer
         grouped = t.accelerator.num_processes == 1
-        # advantages ranked as the rewards where they are an increasing function of the weighted reward sum
-        # within a group: GRPO summing before normalising; RLOO without a KL penalty in its rewards
-        ranked = (t.beta == 0.0 if self.rloo else
+        # advantages ranked as the rewards where they are an increasing function of the reward TRL centres within a
+        # group: GRPO summing before normalising; RLOO always, its reward with the KL penalty TRL subtracts
+        # (beta > 0: rebuilt from the old and reference log-probs the generation computed, _ranking_rewards)
+        ranked = (True if self.rloo else
                   getattr(t, "multi_objective_aggregation", "sum_then_normalize") == "sum_then_normalize")
         self._ranked = grouped and ranked
         self._generation_spec = generation_spec(self.rloo, grouped, self._ranked)
         self._loss_spec = loss_spec(self.rloo, directed=self._multi_step())
 
     def _wrap_reward_functions(self) -> None:
-        """Each plain (synchronous, not ``nn.Module``) reward function, wrapped to check what it returns before
-        TRL turns a missing reward (None) into NaN and NaN advantages into 0: a NaN or infinite reward is the
-        user's function misbehaving. The same list object is returned to TRL, unchanged."""
+        """Each reward function (synchronous or async), wrapped to check what it returns before TRL turns a
+        missing reward (None) into NaN and NaN advantages into 0: a NaN or infinite reward is the user's function
+        misbehaving. A reward model (``nn.Module``) stays as it is (TRL dispatches on its class); its column of
+        ``_calculate_rewards``' output is checked instead (``_check_reward_models``): a model never returns None,
+        so every NaN there is its own. The trainer gets a new list; its own is put back at the end of train()."""
         from trl.trainer.utils import is_async_callable  # TRL's own test, as it dispatches them
 
         t = self.trainer
         funcs = list(t.reward_funcs)
         wrapped = []
         for func, name in zip(funcs, t.reward_func_names):
-            if isinstance(func, torch.nn.Module) or is_async_callable(func):
+            if isinstance(func, torch.nn.Module):
                 wrapped.append(func)
             else:
-                wrapped.append(self._checked_reward_function(func, name))
+                wrapped.append(self._checked_reward_function(func, name, is_async_callable(func)))
         self._reward_funcs = funcs
         t.reward_funcs = wrapped
 
-    def _checked_reward_function(self, func, name: str):
-        def checked(*args, **kwargs):
-            out = func(*args, **kwargs)
-            self._safely(REWARDS_CHECK, self._check_rewards, out, name)
-            return out
+    def _checked_reward_function(self, func, name: str, is_async: bool = False):
+        if is_async:  # still a coroutine function, so that TRL gathers it with the other async ones
+            async def checked(*args, **kwargs):
+                out = await func(*args, **kwargs)
+                self._safely(REWARDS_CHECK, self._check_rewards, out, name)
+                return out
+        else:
+            def checked(*args, **kwargs):
+                out = func(*args, **kwargs)
+                self._safely(REWARDS_CHECK, self._check_rewards, out, name)
+                return out
 
         checked.__name__ = getattr(func, "__name__", name)
         checked.__wrapped__ = func
         return checked
+
+    def _check_reward_models(self, rewards_per_func) -> None:
+        """The reward models' columns of ``_calculate_rewards``' output ([B, reward functions]), before TRL's NaN
+        handling: finite (a model has no None convention; the functions' columns are checked as they return)."""
+        t = self.trainer
+        funcs = self._reward_funcs if self._reward_funcs is not None else t.reward_funcs
+        if not torch.is_tensor(rewards_per_func) or rewards_per_func.dim() != 2:
+            return
+        for i, (func, name) in enumerate(zip(funcs, t.reward_func_names)):
+            if isinstance(func, torch.nn.Module) and i < rewards_per_func.shape[1]:
+                with contracts_mode(self.mode):
+                    check_batch(REWARDS, {"rewards": rewards_per_func[:, i].detach().double()}, where=name,
+                                name="output")
 
     def _check_rewards(self, out, name: str) -> None:
         values = [float(r) for r in out if r is not None]
@@ -375,20 +425,25 @@ class RlguardCallback(TrainerCallback):
     def _observed_rewards(self, original, *args, **kwargs):
         out = original(*args, **kwargs)
         self._rewards = out
+        self._safely(REWARDS_CHECK, self._check_reward_models, out)
         return out
 
     def _checked_generation(self, original, inputs, *args, **kwargs):
         training = self.trainer.model.training
         if training and self.guard is not None:  # a new generation starts an update: the steps until the next
             self._safely(GUARD, self._next_update)  # one reuse its batch
-        out = original(inputs, *args, **kwargs)
+        self._generation_logps = [] if training else None
+        try:
+            out = original(inputs, *args, **kwargs)
+        finally:
+            logps, self._generation_logps = self._generation_logps, None
         generated, self._generated = self._generated, None
         rewards, self._rewards = self._rewards, None
         if training and generated is not None:
-            self._safely(GENERATION, self._check_generation, out, generated, rewards)
+            self._safely(GENERATION, self._check_generation, out, generated, rewards, logps)
         return out
 
-    def _check_generation(self, out: dict, generated: tuple, rewards_per_func) -> None:
+    def _check_generation(self, out: dict, generated: tuple, rewards_per_func, logps=None) -> None:
         t = self.trainer
         prompt_len = out["prompt_ids"].shape[1]
         written = policy_written(t, generated, out["completion_ids"].shape[1]).to(out["completion_ids"].device)
@@ -405,20 +460,65 @@ class RlguardCallback(TrainerCallback):
         if t.accelerator.num_processes == 1:
             tensors["group_size"] = t.num_generations
         if self._ranked:
-            if not torch.is_tensor(rewards_per_func) or rewards_per_func.shape[0] != out["advantages"].shape[0]:
+            rewards = self._ranking_rewards(out, rewards_per_func, logps)
+            if rewards is None:  # this generation's reward cannot be rebuilt: its advantages are not ranked
                 spec = generation_spec(self.rloo, t.accelerator.num_processes == 1, ranked=False)
-            else:  # TRL's own weighted sum; NaN where no reward function scored the completion (None): TRL
-                # leaves such rows out of the baseline and gives them advantage 0, so they are ranked with nothing
-                weights = t.reward_weights.to(rewards_per_func.device).unsqueeze(0)
-                rewards = (rewards_per_func * weights).nansum(dim=1)
-                rewards[torch.isnan(rewards_per_func).all(dim=1)] = torch.nan
-                tensors["rewards"] = rewards.to(out["advantages"].device)
+                if not self._unranked_noted:
+                    self._unranked_noted = True
+                    _log.warning("rlguard: the advantage-rank check (RLG005) could not rebuild the reward TRL centred "
+                                 "at step %d (its rewards%s were not observed as TRL computed them); it is skipped "
+                                 "for such generations, the other generation checks run", t.state.global_step,
+                                 " or the KL penalty's log-probs" if self.rloo and t.beta != 0.0 else "")
+            else:
+                tensors["rewards"] = rewards
         with contracts_mode(self.mode):
             check_batch(spec, tensors, where=f"{self.trainer_class.__name__}._generate_and_score_completions",
                         name="output")
 
+    def _ranking_rewards(self, out: dict, rewards_per_func, logps) -> torch.Tensor | None:
+        """The reward TRL centres within each group, rebuilt as TRL computes it: the weighted sum of the reward
+        functions (NaN where none scored the completion (None): TRL leaves such rows out of the baseline and gives
+        them advantage 0, so they are ranked with nothing), clipped to ``reward_clip_range``, and for RLOO with
+        ``beta != 0`` minus ``beta`` times the sequence KL to the reference (the masked sum of the old minus the
+        reference per-token log-probs of the generation's own scoring passes). None when it cannot be rebuilt."""
+        t = self.trainer
+        if not torch.is_tensor(rewards_per_func) or rewards_per_func.shape[0] != out["advantages"].shape[0]:
+            return None
+        weights = t.reward_weights.to(rewards_per_func.device).unsqueeze(0)
+        rewards = (rewards_per_func * weights).nansum(dim=1)
+        rewards[torch.isnan(rewards_per_func).all(dim=1)] = torch.nan
+        clip = getattr(t, "reward_clip_range", None)
+        if clip:
+            rewards = rewards.clamp(min=clip[0], max=clip[1])
+        if self.rloo and t.beta != 0.0:
+            kl = self._sequence_kl(out, logps)
+            if kl is None:
+                return None
+            rewards = rewards - t.beta * kl.to(rewards.device)
+        return rewards.to(out["advantages"].device)
+
+    def _sequence_kl(self, out: dict, logps) -> torch.Tensor | None:
+        """RLOO's sequence KL penalty, ``((old - ref) * completion_mask).sum(-1)`` per completion, from the
+        generation's scoring passes as TRL ran them (autograd off): the policy's first (the old log-probs), then
+        the reference's (``ref_model``; with PEFT and no ``ref_model``, the policy's second pass, adapter off)."""
+        t = self.trainer
+        if not logps or len(logps) < 2 or logps[0][0] is not t.model:
+            return None
+        old = logps[0][1]
+        if t.ref_model is not None:
+            ref = next((lp for model, lp in logps[1:] if model is t.ref_model), None)
+        else:
+            ref = logps[1][1] if logps[1][0] is t.model else None
+        mask = out["completion_mask"]
+        if ref is None or old.shape != mask.shape or ref.shape != mask.shape:
+            return None
+        return ((old - ref) * mask).sum(-1)
+
     def _observed_logps(self, original, *args, **kwargs):
         out = original(*args, **kwargs)
+        if self._generation_logps is not None and not torch.is_grad_enabled() and len(self._generation_logps) < 4:
+            model = args[0] if args else kwargs.get("model")
+            self._generation_logps.append((model, out[0]))  # the generation's scoring passes (no autograd)
         frames = self._loss_frames
         if frames and frames[-1]["logp"] is None and torch.is_grad_enabled():
             frames[-1]["logp"] = out[0].detach()
