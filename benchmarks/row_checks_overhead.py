@@ -9,8 +9,11 @@ Runtime checks, each against the same function undecorated, on a small GPT-like 
 - ``StopTokenInMask`` (RLG017) on a mask builder's return value.
 - ``EvalMode`` (RLG018) on the model argument of a scoring forward, and the Guard's forward pre-hook on the
   reference (every forward) and on the policy (forwards with autograd off).
-- ``@row_independent`` (RLG016) on a scoring forward: a checked call (two more forwards of one row) and the
-  amortised cost per call at its default cadence (``every=16``).
+- ``@row_independent`` (RLG016) on a scoring forward: a checked call (two more forwards of one row; three with
+  ``side="both"``, or by default on a batch padded on both sides) and the amortised cost per call at its default
+  cadence (``every=16``).
+- ``@permutation_invariant`` (RLG019) on a loss over the batch (forward with autograd, the loss): a checked call
+  (one more forward of the batch, autograd off) and the amortised cost at ``every=16``.
 - ``RowsInStep`` (RLG019) on two [B, T-1] fields of a loss (row hashes of ids and of each field).
 
 Per update: one update of 2 epochs x 4 minibatches x 2 microbatches has 16 loss calls, 1 reference and 1
@@ -31,7 +34,8 @@ import torch
 from torch import nn
 
 from rlguard.contracts import (
-    ActionMask, EvalMode, Guard, LogProbs, RowsInStep, StopTokenInMask, TokenIds, contract, row_independent,
+    ActionMask, EvalMode, Guard, LogProbs, RowsInStep, StopTokenInMask, TokenIds, contract, permutation_invariant,
+    row_independent,
 )
 from rlguard.reference.model import ModelConfig, build_model, disable_dropout
 
@@ -105,6 +109,26 @@ def main() -> None:
     every_call = row_independent(logps, ids="input_ids", mask="attention_mask", every=1)
     bare_logps = cpu_time(lambda: logps(ref, ids, mask), args.reps)
     checked = cpu_time(lambda: every_call(ref, ids, mask), args.reps) - bare_logps
+    def logps_positions(model, input_ids, attention_mask):  # what left padding needs: the mask and position ids
+        with torch.no_grad():
+            position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+            return gather(model(input_ids, attention_mask=attention_mask, position_ids=position_ids), input_ids)
+
+    both_sides = row_independent(logps_positions, ids="input_ids", mask="attention_mask", every=1, side="both")
+    bare_positions = cpu_time(lambda: logps_positions(ref, ids, mask), args.reps)
+    checked_both = cpu_time(lambda: both_sides(ref, ids, mask), args.reps) - bare_positions
+
+    # -- RLG019 permutation_invariant: a GRPO-style loss over the batch (its forward with autograd)
+    adv = torch.randn(B, generator=gen)
+
+    def pg_loss(model, input_ids, advantages, attention_mask):
+        logp = gather(model(input_ids), input_ids)
+        m = attention_mask[:, 1:]
+        return -(logp * advantages[:, None] * m).sum() / m.sum()
+
+    perm_checked = permutation_invariant(pg_loss, key="input_ids", every=1)
+    bare_pg = cpu_time(lambda: pg_loss(policy, ids, adv, mask), args.reps)
+    permuted = cpu_time(lambda: perm_checked(policy, ids, adv, mask), args.reps) - bare_pg
 
     # -- RLG019 RowsInStep
     def loss(ids: TokenIds, old: LogProbs, ref_lp: LogProbs):
@@ -130,6 +154,7 @@ def main() -> None:
         "EvalMode (RLG018), 2 scoring calls": 2 * eval_mode,
         "Guard scoring hooks (RLG018), 2 scoring forwards": hooked + hooked_policy,
         "row_independent (RLG016), 2 scoring calls at every=16": 2 * checked / 16,
+        "permutation_invariant (RLG019), 16 loss calls at every=16": permuted,
         "RowsInStep (RLG019), 16 loss calls + 1 at the rollout": 17 * rows,
     }
     print("\n## Per checked call (ms; the call itself in brackets)")
@@ -140,12 +165,19 @@ def main() -> None:
     print(f"  (the flag checks measured on forwards of one 8-token row: {bare_tiny * 1e3:.2f} ms bare)")
     print(f"row_independent, a checked call:         {checked * 1e3:8.3f}  [{bare_logps * 1e3:.1f}]  "
           f"({checked / bare_logps:.2f}x the call; at every=16: {checked / 16 / bare_logps * 100:.1f}% per call)")
+    print(f"row_independent, side='both':            {checked_both * 1e3:8.3f}  [{bare_positions * 1e3:.1f}]  "
+          f"({checked_both / bare_positions:.2f}x the call; at every=16: "
+          f"{checked_both / 16 / bare_positions * 100:.1f}% per call; a scorer passing mask and position ids)")
+    print(f"permutation_invariant on a batch loss:   {permuted * 1e3:8.3f}  [{bare_pg * 1e3:.1f}]  "
+          f"({permuted / bare_pg:.2f}x the call; at every=16: {permuted / 16 / bare_pg * 100:.1f}% per call)")
     print(f"RowsInStep on 2 fields of a loss:        {rows * 1e3:8.3f}  [{bare_loss * 1e3:.3f}]")
     print(f"\n## Per update (ms; an update of this model: {update * 1e3:.0f} ms)")
     for what, cost in per_update.items():
         print(f"{what:58s} {cost * 1e3:8.3f}  ({cost / update * 100:.2f}%)")
     total = sum(per_update.values())
-    print(f"{'all four':58s} {total * 1e3:8.3f}  ({total / update * 100:.2f}%)")
+    print(f"{'all five':58s} {total * 1e3:8.3f}  ({total / update * 100:.2f}%)")
+    print("  (permutation_invariant: one checked call per update, on a loss over the whole batch of 8: an upper "
+          "bound for this update, whose loss calls take one row)")
 
     # -- the preflight's extra seconds
     from rlguard.preflight.checks import CHECKS, Context

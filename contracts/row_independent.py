@@ -5,9 +5,10 @@ decorated function once or twice more on a changed batch.
 much padding the row carries or on which rows share its batch.
 
 On a cadence (``every``-th call, the first included), after the real call, the function is called twice more on
-one row of the batch (a different row each time): the row alone (its neighbours gone) and the row alone with
-``extra`` columns of padding (``pad_id`` in the ids, 0 in the mask and in every other per-token argument, on
-``side``). Both must reproduce the row's values from the real call on its valid positions, within a tolerance
+one row of the batch (the last row first, then each row in turn): the row alone (its neighbours gone) and the row
+alone with ``extra`` columns of padding (``pad_id`` in the ids, 0 in the mask and in every other per-token
+argument, on ``side``: by default where the batch is padded; both sides, one more call, when it is padded on
+both). Both must reproduce the row's values from the real call on its valid positions, within a tolerance
 for the dtype (:func:`rlguard.contracts.invariance.row_tolerance`). A padded re-call that fails (more positions
 than the model has) is logged once and dropped: the neighbour check goes on. The re-calls run under ``torch.no_grad()``
 with the random number generators forked, their results are discarded, and the real call's return value is
@@ -19,6 +20,8 @@ the check off for that function; only a violation is reported (raised in ``raise
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import functools
 import inspect
 import logging
@@ -30,40 +33,90 @@ import torch.nn.functional as F
 from torch import nn
 
 from rlguard.catalog import PADDING_LEAK, ROWS_OUT_OF_STEP
+from rlguard.contracts.batch import MISSING, get_field
 from rlguard.contracts.errors import ContractDefinitionError, Violation
 from rlguard.contracts.invariance import (
-    active_dropout, compute_dtypes, describe_dropout, gaps, group_permutation, row_tolerance, take_rows,
+    active_dropout, compute_dtypes, describe_dropout, fields_of, gaps, group_permutation, order_tolerance, rebuild,
+    row_tolerance, take_rows, with_fields,
 )
 from rlguard.contracts.settings import STATE, report
 from rlguard.contracts.spec import format_message
 
 _log = logging.getLogger("rlguard.contracts")
-_PATH = re.compile(r"^([A-Za-z_]\w*)(?:\[['\"]([^'\"]+)['\"]\])?$")
+_PATH = re.compile(r"^([A-Za-z_]\w*)((?:\.[A-Za-z_]\w*|\[['\"][^'\"]+['\"]\])*)$")
+_SEG = re.compile(r"\.([A-Za-z_]\w*)|\[['\"]([^'\"]+)['\"]\]")
+
+Path = tuple  # (parameter, (key or attribute, ...))
 
 
-def _path(fn_name: str, params: list[str], what: str, text: str | None) -> tuple[str, str | None] | None:
+def _path(fn_name: str, params: list[str], what: str, text: str | None,
+          decorator: str = "row_independent") -> Path | None:
+    """``"input_ids"``, ``"batch['input_ids']"``, ``"batch.input_ids"``, ``"data.batch['responses']"`` ->
+    (parameter, (keys and attributes ...)); a ContractDefinitionError naming the argument otherwise."""
     if text is None:
         return None
     m = _PATH.match(text) if isinstance(text, str) else None
     if m is None or m.group(1) not in params:
         raise ContractDefinitionError(
-            f"{fn_name}(): row_independent({what}={text!r}): {what} names a parameter or a key of a dict parameter "
-            f"(\"input_ids\", \"batch['input_ids']\"); parameters: {', '.join(params) or 'none'}")
-    return m.group(1), m.group(2)
+            f"{fn_name}(): {decorator}({what}={text!r}): {what} names a parameter, a key of a dict parameter or an "
+            f"attribute of an object parameter (\"input_ids\", \"batch['input_ids']\", \"batch.input_ids\"); "
+            f"parameters: {', '.join(params) or 'none'}")
+    return m.group(1), tuple(a or b for a, b in _SEG.findall(m.group(2)))
 
 
-def _get(values: dict, path: tuple[str, str | None] | None) -> Any:
+def _get(values: dict, path: Path | None) -> Any:
+    """The value at ``path`` (keys, attributes, or inside ``.batch``: :func:`rlguard.contracts.batch.get_field`),
+    None where it is missing."""
     if path is None:
         return None
     v = values.get(path[0])
-    return v.get(path[1]) if path[1] is not None and isinstance(v, dict) else (None if path[1] else v)
+    for key in path[1]:
+        v = get_field(v, key)
+        if v is MISSING:
+            return None
+    return v
 
 
-def _set(values: dict, path: tuple[str, str | None], new: Any) -> None:
-    if path[1] is None:
-        values[path[0]] = new
-    else:
-        values[path[0]] = dict(values[path[0]], **{path[1]: new})
+def _replace(container: Any, keys: tuple, new: Any) -> Any:
+    """``container`` with the value at ``keys`` replaced by ``new``: copies along the path (dicts, mappings,
+    dataclasses, objects, an object's ``.batch``), the original left as it is; TypeError where it cannot be."""
+    if not keys:
+        return new
+    key, rest = keys[0], keys[1:]
+    if isinstance(container, dict):
+        return {**container, key: _replace(container[key], rest, new)}
+    fields = fields_of(container)
+    if fields is not None and key in fields:
+        return with_fields(container, {key: _replace(fields[key], rest, new)})
+    inner = getattr(container, "batch", None)
+    if fields is not None and inner is not None and get_field(inner, key) is not MISSING:
+        return with_fields(container, {"batch": _replace(inner, keys, new)})
+    try:  # another mapping (a TensorDict): a shallow copy with the key set
+        if key in container.keys():
+            out = copy.copy(container)
+            out[key] = _replace(container[key], rest, new)
+            return out
+    except Exception:  # noqa: BLE001 - not a mapping; said below
+        pass
+    raise TypeError(f"cannot set {key!r} in a {type(container).__name__}")
+
+
+def _set(values: dict, path: Path, new: Any) -> None:
+    values[path[0]] = _replace(values[path[0]], path[1], new)
+
+
+def _split(values: dict, rows: torch.Tensor, n: int, root: str | None, select: Callable | None) -> dict:
+    """Every argument with its rows taken (:func:`take_rows`): ``root`` (the parameter holding the ids) by
+    ``select(batch, rows)`` when given, else as a container (dataclass or object fields too); other dataclass
+    instances by their fields."""
+    out = {}
+    for k, v in values.items():
+        if k == root and select is not None:
+            out[k] = select(v, rows)
+        else:
+            objects = k == root or (dataclasses.is_dataclass(v) and not isinstance(v, type))
+            out[k] = take_rows(v, rows, n, objects=objects)
+    return out
 
 
 def _pad(x: torch.Tensor, extra: int, side: str, value: Any) -> torch.Tensor:
@@ -147,23 +200,52 @@ class _Recheck:
         return stack
 
 
+def _what(v: Any) -> str:
+    if isinstance(v, torch.Tensor):
+        return f"a tensor {tuple(v.shape)}"
+    return "missing" if v is None else f"a {type(v).__name__}"
+
+
+def _sides(idt: torch.Tensor, m: Any, pad_id: int) -> tuple[str, ...]:
+    """``side="auto"``: the sides this batch is padded on, read from the mask (else from ``pad_id`` in the ids).
+    Left: some row starts with padding and another does not (a left-padding collate pads to the longest row; a
+    first token every row shares is a BOS, not padding). Right otherwise, and besides left when some row also
+    ends with padding (left-padded prompts before right-padded completions)."""
+    pad = (m == 0) if isinstance(m, torch.Tensor) and m.shape == idt.shape else (idt == pad_id)
+    real = ~pad.all(-1)
+    first = pad[:, 0] & real
+    left = bool(first.any()) and not bool(first[real].all())
+    right = bool((pad[:, -1] & real).any())
+    return ("left", "right") if left and right else ("left",) if left else ("right",)
+
+
 def row_independent(fn: Callable | None = None, *, ids: str = "input_ids", mask: str | None = "attention_mask",
-                    pad_id: int = 0, every: int = 16, extra: int = 8, side: str = "right",
-                    tol: tuple[float, float] | None = None, output: int | None = None) -> Callable:
+                    pad_id: int = 0, every: int = 16, extra: int = 8, side: str = "auto",
+                    tol: tuple[float, float] | None = None, output: int | None = None,
+                    select_rows: Callable[[Any, torch.Tensor], Any] | None = None) -> Callable:
     """Decorate a scoring function (``logps = f(model, input_ids, attention_mask)`` -> ``[B, T]`` or
     ``[B, T-1]``) with the RLG016 row-independence check.
 
-    ``ids`` / ``mask``: the token ids and attention mask (a parameter, or ``"batch['input_ids']"`` for a key of a
-    dict parameter; ``mask=None``: there is none). ``pad_id``: what padding ids hold. ``side``: ``"right"``
-    (default: with causal attention right padding never changes earlier positions, so any change is a leak) or
-    ``"left"`` (for left-padded layouts that pass position ids). ``tol``: ``(mean, max)`` absolute gaps allowed
-    (default: by dtype). ``output``: the index of the tensor to compare when the function returns a tuple.
+    ``ids`` / ``mask``: the token ids and attention mask: a parameter, ``"batch['input_ids']"`` for a key of a
+    dict parameter, or ``"batch.input_ids"`` for an attribute of an object or dataclass parameter (keys and
+    attributes chain: ``"data.batch['input_ids']"``); ``mask=None``: there is none. The parameter that holds the
+    ids is the batch: its rows are taken field by field (dicts, dataclasses, objects: shallow copies), or by
+    ``select_rows(batch, rows)`` when given (the preflight adapter's ``select_rows`` contract), for a batch type
+    that cannot be copied field by field. ``pad_id``: what padding ids hold. ``side``: where the re-call adds its
+    padding: ``"auto"`` (default: the side(s) the batch is padded on, read from the mask, else from ``pad_id`` in
+    the ids: right-padded batches get right padding, left-padded ones left padding, both for left-padded prompts
+    before right-padded completions), ``"both"`` (always both: one more re-call), ``"right"`` or ``"left"``.
+    ``tol``: ``(mean, max)`` absolute gaps allowed (default: by dtype). ``output``: the index of the tensor to
+    compare when the function returns a tuple.
     """
-    if side not in ("right", "left"):
-        raise ContractDefinitionError(f"row_independent(side={side!r}): 'right' or 'left'")
+    if side not in ("auto", "both", "right", "left"):
+        raise ContractDefinitionError(f"row_independent(side={side!r}): 'auto', 'both', 'right' or 'left'")
     for name, v in (("every", every), ("extra", extra)):
         if not isinstance(v, int) or isinstance(v, bool) or v < 1:
             raise ContractDefinitionError(f"row_independent({name}={v!r}): a positive int")
+    if select_rows is not None and not callable(select_rows):
+        raise ContractDefinitionError(
+            f"row_independent(select_rows={select_rows!r}): a function (batch, rows) -> batch")
 
     def apply(f: Callable) -> Callable:
         def make(r: "_Recheck") -> Callable[[dict, Any], Violation | None]:
@@ -173,7 +255,13 @@ def row_independent(fn: Callable | None = None, *, ids: str = "input_ids", mask:
 
             def check(values: dict, out: Any) -> Violation | None:
                 x, idt = _pick(out, output), _get(values, ids_path)
-                if not isinstance(x, torch.Tensor) or not isinstance(idt, torch.Tensor) or idt.dim() != 2:
+                if not isinstance(idt, torch.Tensor) or idt.dim() != 2:
+                    r.note("ids", f"{ids} is {_what(idt)}, not [B, T] token ids: not checked")
+                    return None
+                if not isinstance(x, torch.Tensor):
+                    r.note("output", f"the return value is {_what(x)}"
+                                     + (", give output=<index>" if isinstance(x, (tuple, list)) else "")
+                                     + ": not checked")
                     return None
                 b, t = idt.shape
                 if x.dim() < 2 or x.shape[0] != b or x.shape[1] not in (t, t - 1):
@@ -185,36 +273,61 @@ def row_independent(fn: Callable | None = None, *, ids: str = "input_ids", mask:
                 if busy:
                     r.note("dropout", f"not checked while dropout is on ({describe_dropout(busy)}): two passes differ")
                     return None
-                row = (r.state["calls"] // every) % b
+                # the k-th checked call checks row B-1-k: the last row first (in a packed or concatenated layout
+                # the first row has no neighbours before it to leak from), then each row in turn
+                row = (b - 1 - (r.state["calls"] - 1) // every) % b
                 rows = torch.tensor([row], device=idt.device)
-                alone = {k: take_rows(v, rows, b) for k, v in values.items()}
-                padded = dict(alone)
-                for k, v in alone.items():  # every per-token argument gets the padding columns
-                    if isinstance(v, torch.Tensor) and v.dim() >= 2 and v.shape[1] in (t, t - 1):
-                        padded[k] = _pad(v, extra, side, 0)
-                    elif isinstance(v, dict):
-                        padded[k] = {kk: _pad(vv, extra, side, 0) if isinstance(vv, torch.Tensor) and vv.dim() >= 2
-                                     and vv.shape[1] in (t, t - 1) else vv for kk, vv in v.items()}
-                _set(padded, ids_path, _pad(_get(alone, ids_path), extra, side, pad_id))
+                alone = _split(values, rows, b, ids_path[0], select_rows)
+                one = _get(alone, ids_path)
+                if not isinstance(one, torch.Tensor) or one.shape != (1, t):
+                    r.note("split", f"the batch in {ids_path[0]!r} ({type(values[ids_path[0]]).__name__}) cannot be "
+                                    f"split by row ({ids} of one row is {_what(one)}): not checked; give "
+                                    "select_rows=(batch, rows) -> batch")
+                    return None
+                m = _get(values, mask_path)
+                sides = (("left", "right") if side == "both" else _sides(idt, m, pad_id) if side == "auto"
+                         else (side,))
+
+                def padder(where: str) -> Callable[[Any], Any]:
+                    def leaf(v: Any) -> Any:  # every per-token tensor gets the padding columns
+                        if isinstance(v, torch.Tensor) and v.dim() >= 2 and v.shape[1] in (t, t - 1):
+                            return _pad(v, extra, where, 0)
+                        return v
+                    return leaf
+
+                recalls = []
+                for where in sides:
+                    padded = {k: rebuild(v, padder(where), objects=k == ids_path[0] or (
+                        dataclasses.is_dataclass(v) and not isinstance(v, type))) for k, v in alone.items()}
+                    try:
+                        _set(padded, ids_path, _pad(one, extra, where, pad_id))
+                    except TypeError as exc:  # a batch type whose fields cannot be set: select_rows only
+                        r.note("set", f"the padded batch cannot be built ({exc}); only the neighbour check runs")
+                        break
+                    recalls.append((where, padded))
                 with r.quiet(values):
                     first = _pick(r.call(alone), output).detach()
-                    second = None
-                    if r.state["pad"]:
+                    seconds = []
+                    for where, padded in recalls:
+                        if not r.state["pad"]:
+                            break
                         try:
-                            second = _pick(r.call(padded), output).detach()
+                            seconds.append((where, _pick(r.call(padded), output).detach()))
                         except Exception as exc:  # noqa: BLE001 - e.g. more positions than the model has
                             r.state["pad"] = False
                             r.note("pad", f"the re-call with {extra} more columns of padding failed "
                                           f"({type(exc).__name__}: {exc}); only the neighbour check runs")
-                m = _get(values, mask_path)
                 keep = (m[row] != 0) if isinstance(m, torch.Tensor) and m.shape == idt.shape else (idt[row] != pad_id)
                 valid = keep if x.shape[1] == t else keep[1:] & keep[:-1]
-                if second is not None:
-                    second = second[:, extra:] if side == "left" else second[:, : x.shape[1]]
+                compared = [("alone in its batch (its neighbours removed)", first)]
+                for where, second in seconds:
+                    second = second[:, extra:] if where == "left" else second[:, : x.shape[1]]
+                    compared.append((f"with {extra} more columns of {where} padding", second))
                 mean_tol, max_tol = tol or row_tolerance(*compute_dtypes(x, *modules))
-                for what, other in (("alone in its batch (its neighbours removed)", first),
-                                    (f"with {extra} more columns of {side} padding", second)):
-                    if other is None or other.shape[1:] != x.shape[1:]:
+                for what, other in compared:
+                    if other.shape[1:] != x.shape[1:]:
+                        r.note("shape", f"row {row} {what} returns {tuple(other.shape)} for {tuple(x.shape)}: "
+                                        "not compared")
                         continue
                     mean, top, _ = gaps(other[0], x[row], valid)
                     if mean > mean_tol or top > max_tol:
@@ -236,7 +349,8 @@ def row_independent(fn: Callable | None = None, *, ids: str = "input_ids", mask:
 
 
 def permutation_invariant(fn: Callable | None = None, *, key: str = "input_ids", group_size: int | str | None = None,
-                          every: int = 16, rtol: float | None = None, output: int | None = None) -> Callable:
+                          every: int = 16, rtol: float | None = None, output: int | None = None,
+                          select_rows: Callable[[Any, torch.Tensor], Any] | None = None) -> Callable:
     """Decorate a loss function with the RLG019 permutation check: on calls 1, ``every``+1, ..., it is called
     once more with the rows of every batch-shaped argument (tensors, lists and tuples whose first dim is the
     first dim of ``key``, and dicts of them) permuted by one permutation, and the loss must be the same within
@@ -244,18 +358,25 @@ def permutation_invariant(fn: Callable | None = None, *, key: str = "input_ids",
     rows than the rest inside the function (a sort for the forward that the advantages do not follow) makes the
     loss depend on the order. ``group_size``: an int or a parameter's name: the permutation then keeps each group
     of contiguous rows together (groups shuffled, and rows within each group), for losses that compute group
-    statistics. Like ``@row_independent``: the re-call runs under no_grad with the generators forked, skipped while
-    dropout is on, and an error of the check itself switches it off (logged once).
+    statistics. ``key`` names a parameter, a dict key (``"batch['input_ids']"``) or an attribute
+    (``"batch.input_ids"``); the parameter that holds it is permuted field by field (dicts, dataclasses, objects),
+    or by ``select_rows(batch, rows)`` when given. Like ``@row_independent``: the re-call runs under no_grad with
+    the generators forked, skipped while dropout is on, a batch that cannot be permuted is logged once and not
+    checked, and an error of the check itself switches it off (logged once). Cost: one more call of the function
+    (with autograd off) per checked call.
     """
     for name, v in (("every", every),):
         if not isinstance(v, int) or isinstance(v, bool) or v < 1:
             raise ContractDefinitionError(f"permutation_invariant({name}={v!r}): a positive int")
     if rtol is not None and (isinstance(rtol, bool) or not isinstance(rtol, (int, float)) or not rtol >= 0):
         raise ContractDefinitionError(f"permutation_invariant(rtol={rtol!r}): a number >= 0")
+    if select_rows is not None and not callable(select_rows):
+        raise ContractDefinitionError(
+            f"permutation_invariant(select_rows={select_rows!r}): a function (batch, rows) -> batch")
 
     def apply(f: Callable) -> Callable:
         def make(r: _Recheck) -> Callable[[dict, Any], Violation | None]:
-            key_path = _path(r.name, r.params, "key", key)
+            key_path = _path(r.name, r.params, "key", key, "permutation_invariant")
             if isinstance(group_size, str) and group_size not in r.params:
                 raise ContractDefinitionError(
                     f"{r.name}(): permutation_invariant(group_size={group_size!r}): no such parameter "
@@ -264,7 +385,13 @@ def permutation_invariant(fn: Callable | None = None, *, key: str = "input_ids",
 
             def check(values: dict, out: Any) -> Violation | None:
                 x, k = _pick(out, output), _get(values, key_path)
-                if not isinstance(x, torch.Tensor) or x.numel() != 1 or not isinstance(k, torch.Tensor) or k.dim() < 1:
+                if not isinstance(k, torch.Tensor) or k.dim() < 1:
+                    r.note("key", f"{key} is {_what(k)}, not a tensor with a row dim: not checked")
+                    return None
+                if not isinstance(x, torch.Tensor) or x.numel() != 1:
+                    r.note("output", f"the return value is {_what(x)}, not a scalar loss"
+                                     + (" (give output=<index>)" if isinstance(x, (tuple, list)) else "")
+                                     + ": not checked")
                     return None
                 modules = _modules(values)
                 busy = [found for m in modules for found in active_dropout(m)]
@@ -277,14 +404,20 @@ def permutation_invariant(fn: Callable | None = None, *, key: str = "input_ids",
                     r.note("groups", f"group size {g!r} does not divide the {b} rows: not checked")
                     return None
                 perm = group_permutation(b, g or 1, gen).to(k.device)
-                permuted = {name: take_rows(v, perm, b) for name, v in values.items()}
+                permuted = _split(values, perm, b, key_path[0], select_rows)
+                moved = _get(permuted, key_path)
+                if moved is k or not isinstance(moved, torch.Tensor) or moved.shape != k.shape:
+                    r.note("split", f"the batch in {key_path[0]!r} ({type(values[key_path[0]]).__name__}) cannot be "
+                                    f"permuted by row ({key} after it is {_what(moved)}): not checked; give "
+                                    "select_rows=(batch, rows) -> batch")
+                    return None
                 with r.quiet(values):
                     again = _pick(r.call(permuted), output)
                 if not isinstance(again, torch.Tensor) or again.numel() != 1:
+                    r.note("again", f"the re-call returned {_what(again)}: not checked")
                     return None
                 a, c = float(x.detach().double()), float(again.detach().double())
-                limit = rtol if rtol is not None else (1e-4 if row_tolerance(*compute_dtypes(x, *modules))[0] <= 1e-4
-                                                       else 2e-2)
+                limit = rtol if rtol is not None else order_tolerance(*compute_dtypes(x, *modules))
                 err = abs(a - c) / max(abs(a), 1e-12)
                 if err <= limit:
                     return None

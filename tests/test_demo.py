@@ -73,6 +73,13 @@ def test_expected_table_covers_every_fault():
         assert FAULTS[name].expected_check in fails
 
 
+@pytest.mark.parametrize("fault", list(FAULTS))
+def test_expected_check_reports_the_fault_code(fault):
+    """The check expected to catch a fault reports that fault's own catalog code."""
+    check = FAULTS[fault].expected_check
+    assert CHECKS[check][1] == FAULTS[fault].code, (fault, check, CHECKS[check][1], FAULTS[fault].code)
+
+
 def _lint_rules() -> set[str]:
     lint = pytest.importorskip("rlguard.lint", reason="the linter's Python API is not available")
     return set(lint.all_rules())
