@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import libcst as cst
 
+from rlguard.lint.analysis import semantics as S
 from rlguard.lint.analysis.index import key_of
 
 
@@ -26,22 +27,6 @@ class BranchLabel:
     branch: cst.CSTNode  # the If / MatchCase whose body holds the node
 
 
-def _string_value(node) -> str | None:
-    if isinstance(node, cst.SimpleString):
-        try:
-            value = node.evaluated_value
-        except Exception:  # pragma: no cover - odd literals
-            return None
-        return value if isinstance(value, str) else None
-    if isinstance(node, cst.ConcatenatedString):
-        try:
-            value = node.evaluated_value
-        except Exception:  # pragma: no cover
-            return None
-        return value if isinstance(value, str) else None
-    return None
-
-
 def _test_labels(test) -> tuple[str | None, tuple[str, ...]] | None:
     """``x == "a"``, ``"a" == x``, ``x in ("a", "b")`` (also inside an ``and``): (x's key, labels)."""
     if isinstance(test, cst.BooleanOperation) and isinstance(test.operator, cst.And):
@@ -52,12 +37,12 @@ def _test_labels(test) -> tuple[str | None, tuple[str, ...]] | None:
     left, right = test.left, comp.comparator
     if isinstance(comp.operator, cst.Equal):
         for subject, literal in ((left, right), (right, left)):
-            value = _string_value(literal)
+            value = S.string_value(literal)
             if value is not None:
                 return key_of(subject), (value,)
         return None
     if isinstance(comp.operator, cst.In) and isinstance(right, (cst.Tuple, cst.List, cst.Set)):
-        values = tuple(_string_value(e.value) for e in right.elements)
+        values = tuple(S.string_value(e.value) for e in right.elements)
         if values and all(v is not None for v in values):
             return key_of(left), values  # type: ignore[return-value]
     return None
@@ -77,12 +62,12 @@ def branch_label(ctx, node: cst.CSTNode) -> BranchLabel | None:
         if isinstance(anc, cst.MatchCase) and child is anc.body:
             pattern = anc.pattern
             if isinstance(pattern, cst.MatchValue):
-                value = _string_value(pattern.value)
+                value = S.string_value(pattern.value)
                 if value is not None:
                     match = next((a for a in ctx.ancestors(anc) if isinstance(a, cst.Match)), None)
                     return BranchLabel(key_of(match.subject) if match is not None else None, (value,), anc)
             if isinstance(pattern, cst.MatchOr):
-                values = tuple(_string_value(p.pattern.value) if isinstance(p.pattern, cst.MatchValue) else None
+                values = tuple(S.string_value(p.pattern.value) if isinstance(p.pattern, cst.MatchValue) else None
                                for p in pattern.patterns)
                 if values and all(v is not None for v in values):
                     match = next((a for a in ctx.ancestors(anc) if isinstance(a, cst.Match)), None)

@@ -110,7 +110,7 @@ class ObjectFacet(Facet):
             return frozenset(Obj("copy", o.key, o.names, id(call)) for o in inner)
         if name in S.DEEP_COPY or S.NEW_MODEL_CALLS.fullmatch(name) or S.NEW_MODEL_CALLS.fullmatch(last):
             self.calls[id(call)] = call
-            return frozenset({Obj("new", f"new@{id(call)}", (last,), id(call))})
+            return frozenset({Obj("new", f"new@{id(call)}", (S.product_name(last),), id(call))})
         if method == "get_base_model" and recv is not None:
             self.calls[id(call)] = call
             inner = trace.value(recv, frame)
@@ -137,8 +137,8 @@ class ObjectFacet(Facet):
                 if arg is not None:
                     return trace.value(arg, frame)
             if summary.returns_new:
-                return frozenset({Obj("new", f"new@{id(call)}", (last,), id(call))})
-        return frozenset({Obj("opaque", f"call@{id(call)}", (last,) if last else (), id(call))})
+                return frozenset({Obj("new", f"new@{id(call)}", (S.product_name(last),), id(call))})
+        return frozenset({Obj("opaque", f"call@{id(call)}", (S.product_name(last),) if last else (), id(call))})
 
     def leaf(self, trace, expr, frame):
         name = key_of(expr) or ""
@@ -183,11 +183,15 @@ class ObjectFacet(Facet):
         if not returns:
             return EMPTY
         joined = self.join(returns)
-        if isinstance(joined, Tup):
-            return joined
         func = self.a.callee(call)
+        if isinstance(joined, Tup):  # `return model, tokenizer`: each element is this call's too
+            return Tup(tuple(self._of_this_call(element, func, call) for element in joined.elements))
+        return self._of_this_call(joined, func, call)
+
+    def _of_this_call(self, objs: frozenset, func, call: cst.Call) -> frozenset:
+        """``objs`` with the objects ``func`` builds keyed by this call site: two calls, two objects."""
         out = set()
-        for o in joined:
+        for o in objs:
             if o.kind in ("new", "opaque") and func is not None and o.node_id and self._inside(func, o.node_id):
                 o = Obj(o.kind, f"{o.kind}@{id(call)}", o.names, id(call))
                 self.calls[id(call)] = call

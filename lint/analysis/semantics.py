@@ -93,6 +93,19 @@ NON_FORWARD_METHODS = frozenset({
 NEW_MODEL_CALLS = re.compile(r"(?i)(\w+\.)*(from_pretrained|from_config|deepcopy|create_reference_model|"
                              r"load_model\w*|build_model\w*|make_model\w*|create_model\w*|init_model\w*|"
                              r"get_model|instantiate\w*|clone_model)")
+# A factory's name is a verb and what it makes (``init_model``, ``create_reference_model``): the object it returns
+# is named for the product, not for the verb (``init_model`` builds a model; ``init_model`` bound as a variable
+# names the initial, reference, model).
+_FACTORY_VERB = re.compile(r"(?i)^(init|initialize|initialise|load|build|make|create|get|setup|prepare|instantiate|"
+                           r"clone|new)_(?=\w)")
+
+
+def product_name(callee: str) -> str:
+    """The name of what a factory call makes: ``init_model`` -> ``model``, ``create_reference_model`` ->
+    ``reference_model``; other callee names as they are."""
+    return _FACTORY_VERB.sub("", callee, count=1) if callee else callee
+
+
 SHALLOW_COPY = frozenset({"copy.copy"})
 DEEP_COPY = frozenset({"copy.deepcopy"})
 # Methods of a model, named for inference, whose code is out of view: whether they run autograd is unknown.
@@ -176,6 +189,17 @@ def int_value(expr: cst.BaseExpression | None) -> int | None:
     if isinstance(expr, cst.UnaryOperation) and isinstance(expr.operator, cst.Minus) and isinstance(
             expr.expression, cst.Integer):
         return -int(expr.expression.value)
+    return None
+
+
+def string_value(expr: cst.CSTNode | None) -> str | None:
+    """The value of a string literal (``"--beta"``, implicit concatenation included), else None."""
+    if isinstance(expr, (cst.SimpleString, cst.ConcatenatedString)):
+        try:
+            value = expr.evaluated_value
+        except Exception:  # noqa: BLE001 - an odd literal (bytes, an f-string part): not a plain string
+            return None
+        return value if isinstance(value, str) else None
     return None
 
 

@@ -262,6 +262,13 @@ class Signs:
             key = key_of(expr)
             defs = self.a.flow.reaching(key, expr) if key is not None and depth > 0 else []
             values = [d for d in defs if d.kind in ("assign", "aug") and d.value is not None]
+            if values and all(d.key != key for d in values):
+                # only the container's binding reaches (``args = parser.parse_args()``, ``cfg = load(...)``): the
+                # field itself is defined nowhere in view, so it is a setting read from that container
+                values = []
+                default = self._argparse_default(expr)
+                if default is not None:
+                    return default
             if values:
                 signs_ = {self._hyperparameter(d.value, frame, depth - 1) for d in values}
                 return signs_.pop() if len(signs_) == 1 else None
@@ -287,6 +294,39 @@ class Signs:
             if S.called_name(expr) in ("len", "max", "float", "int") and expr.args:
                 return 1
         return None
+
+    def _argparse_default(self, expr: cst.BaseExpression) -> int | None:
+        """The sign of the default an ``add_argument("--<field>", default=...)`` of this module gives the field
+        read by ``expr`` (``args.kl_coef`` <- ``--kl-coef`` / ``--kl_coef``); None when no such option is in view
+        or its default is not a number."""
+        if not isinstance(expr, cst.Attribute):
+            return None
+        defaults = self._option_defaults()
+        number = defaults.get(expr.attr.value)
+        if number is None:
+            return None
+        return 1 if number > 0 else (-1 if number < 0 else None)
+
+    def _option_defaults(self) -> dict[str, float]:
+        """Destination -> numeric default of every ``*.add_argument("--name", ..., default=N)`` of the module."""
+        cached = getattr(self, "_options", None)
+        if cached is not None:
+            return cached
+        out: dict[str, float] = {}
+        for call in self.a.nodes(cst.Call):
+            if not isinstance(call.func, cst.Attribute) or call.func.attr.value != "add_argument" or not call.args:
+                continue
+            flags = [S.string_value(arg.value) for arg in call.args if arg.keyword is None]
+            dest = next((S.string_value(arg.value) for arg in call.args
+                         if arg.keyword is not None and arg.keyword.value == "dest"), None)
+            default = next((S.number_value(arg.value) for arg in call.args
+                            if arg.keyword is not None and arg.keyword.value == "default"), None)
+            long_flags = [f for f in flags if isinstance(f, str) and f.startswith("--")]
+            name = dest or (long_flags[0][2:].replace("-", "_") if long_flags else None)
+            if name and default is not None:
+                out[name] = default
+        self._options = out
+        return out
 
     def _hyperparameter(self, value: cst.BaseExpression, frame, depth: int) -> int | None:
         """+1 when a definition binds a positive scalar setting: a literal, a config field, another coefficient."""

@@ -159,6 +159,15 @@ class KlSign(Rule):
               "l = pg + beta * divergence(p, p0, m)\nl.backward()\n",
               "a masked KL(p_new || p_old), its mask known by its use, added", capability="C2",
               style="functional"),
+        Valid("import argparse\n"
+              "parser = argparse.ArgumentParser()\n"
+              "parser.add_argument('--kl-coef', type=float, default=0.05)\n"
+              "args = parser.parse_args()\n"
+              "def step(pg_loss, logp, ref_logp):\n"
+              "    kl = logp - ref_logp\n"
+              "    loss = pg_loss + args.kl_coef * kl.mean()\n"
+              "    loss.backward()\n",
+              "the same coefficient from the parsed arguments, the penalty added", capability="C6", style="script"),
     ]
     INVALID = [
         Invalid("loss = pg_loss - kl_coef * kl\n", line=1, fixed="loss = pg_loss + kl_coef * kl\n", preview=True),
@@ -250,6 +259,16 @@ class KlSign(Rule):
                 why="the reference read under its batch key into a neutral local; an importance-weighted k3 "
                     "estimate is still the KL: subtracted from the minimised loss", capability="C2",
                 style="class"),
+        Invalid("import argparse\n"
+                "parser = argparse.ArgumentParser()\n"
+                "parser.add_argument('--kl-coef', type=float, default=0.05)\n"
+                "args = parser.parse_args()\n"
+                "def step(pg_loss, logp, ref_logp):\n"
+                "    kl = logp - ref_logp\n"
+                "    loss = pg_loss - args.kl_coef * kl.mean()\n"
+                "    loss.backward()\n", line=7,
+                why="the coefficient is a field of the parsed arguments: their container is in view, the field is "
+                    "the option's", capability="C6", style="script"),
     ]
 
     def check(self, ctx: Analysis) -> Iterator[Violation]:
