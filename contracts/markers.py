@@ -406,13 +406,20 @@ def _scope_note(site: Site) -> str:
     return f", and its batch declares no such key (keys: {', '.join(keys)})" if keys else ""
 
 
+# set on a tensor that rlguard itself passed through an autograd function of its own to read a loss term's sign (the
+# TRL callback's reference log-probs): the values are the target's, bit for bit, and its graph gives no gradient
+# in the trainer's backward, so NoGrad reads it as the target it stands for
+TRACED_TARGET = "_rlguard_traced_target"
+
+
 class NoGrad(Marker):
     """RLG003: ``requires_grad`` False and no ``grad_fn`` (old/reference log-probs, advantages, returns)."""
 
     code = DETACHED_TARGETS
 
     def check(self, x: Any, call: Call) -> Violation | None:
-        if isinstance(x, torch.Tensor) and (x.requires_grad or x.grad_fn is not None):
+        if isinstance(x, torch.Tensor) and (x.requires_grad or x.grad_fn is not None) \
+                and not getattr(x, TRACED_TARGET, False):
             name = "the return value" if self._argument.startswith("return") else self._argument
             return self._fail(
                 "carries autograd history, but it is a target: no gradient may flow through it", x, call,

@@ -43,9 +43,8 @@ def table(report: Report) -> str:
         lines[-1] += f" ({len(report.skipped)} skipped: {', '.join(report.skipped)})"
     if getattr(report, "warnings", None):
         lines[-1] += f"; {len(report.warnings)} warning(s), by a documented setting: {', '.join(report.warnings)}"
-    others = [(c.name, c.seed) for c in report.checks if getattr(c, "seed", None) is not None]
-    if others:
-        lines.append("batches: the first for every check but " + ", ".join(f"{n} (seed {s})" for n, s in others))
+    if report.batches:
+        lines.append(report.batches_line())
     if getattr(report, "world_size", 1) > 1:
         lines.append(f"(data-parallel: {report.world_size} ranks; each value is the worst rank's, per-rank values "
                      "in report.json)")
@@ -57,6 +56,7 @@ def markdown(report: Report, title: str = "rlguard preflight report") -> str:
              + ("" if report.passed else f": {', '.join(report.failed + report.errors)}"), "",
              *([f"Data-parallel: {report.world_size} ranks; each value is the worst rank's.", ""]
                if getattr(report, "world_size", 1) > 1 else []),
+             f"Base seed {report.seed}; {report.batches_line()}.", "",
              "| check | measured | tolerance | ok | code | hint |", "|---|---|---|---|---|---|"]
     for c in report.checks:
         lines.append(f"| {c.name} | {_fmt(c.value)} | {c.tolerance} | {_status(c)} | {c.code or '-'} | {c.hint} |")

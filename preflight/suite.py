@@ -20,6 +20,7 @@ class TrainerError(Exception):
 class Report:
     checks: list[CheckResult] = field(default_factory=list)
     world_size: int = 1  # ranks whose results this report aggregates
+    seed: int = 0  # the base seed: the suite's first batch is this seed's (a check may draw the next seeds')
 
     @property
     def passed(self) -> bool:
@@ -44,8 +45,22 @@ class Report:
         """Checks whose fault signature a documented setting of the trainer produces by design."""
         return [c.name for c in self.checks if getattr(c, "warning", False)]
 
+    @property
+    def batches(self) -> dict[str, int]:
+        """check -> the seed of the batch it ran on, for the checks that drew another batch than the first."""
+        return {c.name: c.seed for c in self.checks if getattr(c, "seed", None) is not None}
+
+    def batches_line(self) -> str:
+        """Which batches the checks ran on: the first (the base seed's) for every check but those that drew another
+        (``stop_token_trained (seed 3)``)."""
+        others = self.batches
+        if not others:
+            return "batches: the first for every check"
+        return "batches: the first for every check but " + ", ".join(f"{n} (seed {s})" for n, s in others.items())
+
     def to_dict(self) -> dict:
-        d = {"passed": self.passed, "checks": [c.to_dict() for c in self.checks]}
+        d = {"passed": self.passed, "seed": self.seed, "batches": self.batches,
+             "checks": [c.to_dict() for c in self.checks]}
         if self.world_size > 1:
             d["world_size"] = self.world_size
         return d
@@ -101,7 +116,7 @@ def run_suite(adapter, seed: int = 0, only: Iterable[str] | None = None,
             raise TrainerError(f"rank {bad[0]}: {errors[bad[0]]}" + (f" (failed on ranks {bad})" if len(bad) > 1 else ""))
     elif error is not None:
         raise TrainerError(error)
-    report = Report()
+    report = Report(seed=seed)
     documented = _documented_deviations(adapter)
     for i, name in enumerate(names):
         fn, code, _ = CHECKS[name]
@@ -122,7 +137,7 @@ def run_suite(adapter, seed: int = 0, only: Iterable[str] | None = None,
         report.checks.append(result)
     _explain_errors(report)
     if world > 1:
-        report = aggregate(_gather(report.checks))
+        report = aggregate(_gather(report.checks), seed=seed)
     if progress is not None:
         progress(len(names), len(names), "done")
     return report
@@ -175,9 +190,9 @@ def _worst(tolerance: str, values: list[float]) -> float:
     return min(real) if tolerance.strip().startswith(">") else max(real)
 
 
-def aggregate(per_rank: list[list[CheckResult]]) -> Report:
+def aggregate(per_rank: list[list[CheckResult]], seed: int = 0) -> Report:
     """One report from each rank's results (same checks, same order on every rank)."""
-    out = Report(world_size=len(per_rank))
+    out = Report(world_size=len(per_rank), seed=seed)
     for results in zip(*per_rank):
         first = results[0]
         failed = [r for r, c in enumerate(results) if not c.passed]

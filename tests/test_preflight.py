@@ -286,6 +286,68 @@ def test_checks_draw_more_batches_until_their_precondition_is_met():
     assert never.skipped and "not exercised" in never.hint and "seeds 0-7" in never.hint
 
 
+PADDING_CHECKS = ["mask_policy", "padding_invariant", "padding_leak"]
+
+
+def _same_length_batches(unpadded):
+    """The example adapter whose batches of the seeds in ``unpadded`` hold no padded row: every row a copy of the
+    batch's longest completion, so no completion ends before another."""
+    from trl_style_grpo import TRLStyleAdapter
+
+    class SameLength(TRLStyleAdapter):
+        def make_batch(self, model, seed):
+            batch = super().make_batch(model, seed)
+            if seed in unpadded:
+                owned = self.policy_tokens(batch)[:, 1:]
+                cols = torch.arange(1, owned.shape[1] + 1)
+                longest = int((owned.long() * cols).max(-1).values.argmax())
+                n = owned.shape[0]
+                batch = {k: v[[longest] * n] if torch.is_tensor(v) and v.dim() and v.shape[0] == n else v
+                         for k, v in batch.items()}
+            return batch
+
+    return SameLength()
+
+
+def test_padding_checks_draw_batches_until_one_has_a_padded_row(tmp_path):
+    """mask_policy, padding_invariant and padding_leak check what happens past a completion's end: a batch whose
+    completions all have the longest length has no such place, so they draw the next seeds' batches; the batches
+    used and the base seed are in the table, report.md and report.json."""
+    from rlguard.preflight.checks import padded_row, Context
+    from rlguard.preflight.report import write_report
+
+    adapter = _same_length_batches({0, 1})
+    assert not padded_row(Context(adapter, 0)) and padded_row(Context(adapter, 2))  # the test's premise
+    report = run_suite(adapter, only=PADDING_CHECKS)
+    for c in report.checks:
+        assert c.passed and not c.skipped and c.seed == 2, c
+        assert c.hint.startswith("(on the batch of seed 2, the first of 3 with a padded row"), c.hint
+    line = ("batches: the first for every check but mask_policy (seed 2), padding_invariant (seed 2), "
+            "padding_leak (seed 2)")
+    assert line in table(report)
+    assert f"Base seed 0; {line}." in markdown(report)
+    write_report(report, tmp_path)
+    data = json.loads((tmp_path / "report.json").read_text())
+    assert data["seed"] == 0 and data["batches"] == {name: 2 for name in PADDING_CHECKS}
+    assert f"Base seed 0; {line}." in (tmp_path / "report.md").read_text()
+    first = run_suite(adapter, seed=2, only=PADDING_CHECKS)  # a padded first batch: nothing drawn
+    assert all(c.seed is None for c in first.checks) and first.to_dict()["batches"] == {}
+    assert first.to_dict()["seed"] == 2 and "Base seed 2; batches: the first for every check." in markdown(first)
+
+
+def test_padding_checks_without_a_padded_row_are_not_exercised_but_a_failure_is_still_reported():
+    adapter = _same_length_batches(set(range(8)))
+    report = run_suite(adapter, only=PADDING_CHECKS)
+    assert report.passed and report.skipped == PADDING_CHECKS
+    for c in report.checks:
+        assert c.hint.startswith("skipped: not exercised: no batch of 8 (seeds 0-7) has a padded row"), c.hint
+        assert "the first batch passes it: measured" in c.hint
+    shifted = _same_length_batches(set(range(8)))
+    shifted.action_mask = lambda batch: torch.nn.functional.pad(batch["completion_mask"], (1, 0))[:, :-1]
+    (mask,) = run_suite(shifted, only=["mask_policy"]).checks  # a fault is a finding on any batch
+    assert not mask.passed and not mask.skipped and mask.code == "RLG001" and mask.seed is None, mask
+
+
 def test_kl_direction_near_zero_kl_is_not_exercised_rather_than_a_verdict_from_noise():
     """A policy whose logits are scaled to ~1e-7: the KL to the reference is ~1e-9, below float32's rounding of
     it, so whatever sign its change takes is noise. The check says so (skipped, with the numbers) instead of

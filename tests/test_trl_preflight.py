@@ -244,3 +244,41 @@ def test_an_optimizer_over_the_reference_is_refused_and_the_users_reference_left
     for name in report.failed:
         assert "not the policy's (the reference's? see RLG008)" in failed[name].hint
     assert all(torch.equal(a, b) for a, b in zip(before, trainer.ref_model.parameters()))
+
+
+PADDING_CHECKS = ["mask_policy", "padding_invariant", "padding_leak"]
+
+
+def test_padding_checks_draw_trls_next_batches_until_one_has_a_padded_row(tmp_path):
+    """On the real trainer: seed 2's generation has every completion at max_completion_length (no padding after
+    an EOS), so the three checks of what lies past a completion's end run on the next seed whose batch has one;
+    report.md and report.json say which batches were used and the base seed."""
+    from rlguard.preflight.checks import Context, padded_row
+    from rlguard.preflight.report import markdown, write_report
+
+    adapter = GRPOAdapter(h.make_trainer(), seed=2)
+    assert not padded_row(Context(adapter, 2))  # the test's premise: TRL sampled no EOS in seed 2's batch
+    report = preflight(h.make_trainer(), seed=2, only=PADDING_CHECKS)
+    used = {c.seed for c in report.checks}
+    assert len(used) == 1 and used.pop() > 2, table(report)
+    drawn = report.checks[0].seed
+    for c in report.checks:
+        assert c.passed and not c.skipped and f"on the batch of seed {drawn}" in c.hint and "padded row" in c.hint
+    assert padded_row(Context(adapter, drawn))
+    write_report(report, tmp_path)
+    data = json.loads((tmp_path / "report.json").read_text())
+    assert data["seed"] == 2 and data["batches"] == {name: drawn for name in PADDING_CHECKS}
+    assert f"Base seed 2; batches: the first for every check but mask_policy (seed {drawn})" in markdown(report)
+
+
+def test_padding_checks_on_trl_completions_that_never_stop_early_are_not_exercised():
+    """``min_new_tokens = max_completion_length``: no completion of any batch ends early, so there is no padding to
+    check; the checks say so (with the seeds tried) instead of passing, and a shifted mask still fails."""
+    never_stop = dict(generation_kwargs={"min_new_tokens": h.CONFIG["max_completion_length"]})
+    report = preflight(h.make_trainer(**never_stop), only=PADDING_CHECKS)
+    assert report.passed and report.skipped == PADDING_CHECKS, table(report)
+    for c in report.checks:
+        assert "not exercised: no batch of 8 (seeds 0-7) has a padded row" in c.hint, c.hint
+    fault = h.fault_classes()["mask_shift"]
+    (mask,) = preflight(h.make_trainer(fault.cls, **never_stop), only=["mask_policy"]).checks
+    assert not mask.passed and not mask.skipped and mask.code == fault.code, mask

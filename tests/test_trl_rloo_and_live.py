@@ -413,6 +413,8 @@ GUARD_INTERNAL = {"guard steps", "guard pre-step", "grad hook", "direction verdi
     ("grad hook", guard_module._GradWatch, "arrived"),  # inside TRL's loss.backward()
     ("direction verdict", callback_module.UpdateDirection, "verdict"),  # at the end of each generation's update
     ("signs", callback_module.RlguardCallback, "_check_signs"),
+    ("reference trace", callback_module.RlguardCallback, "_trace_reference"),  # before TRL's loss runs
+    ("term signs", callback_module.RlguardCallback, "_check_terms"),
     ("generation spec", callback_module.RlguardCallback, "_choose_generation_spec"),
     ("reward wrapping", callback_module.RlguardCallback, "_wrap_reward_functions"),
 ])
@@ -533,6 +535,100 @@ def test_a_kl_coefficient_that_turns_negative_mid_run_is_stopped_then():
     with pytest.raises(ContractViolation) as exc:
         trainer.train()
     assert exc.value.code == _code("kl-sign") and trainer.state.global_step == 2
+
+
+@pytest.mark.parametrize("slip, config, code, term", [
+    ({"kl_sign": -1.0}, {"beta": 0.1}, _code("kl-sign"), "per_token_kl"),
+    ({"entropy_sign": 1.0}, {"entropy_coef": 0.01}, _code("entropy-bonus-sign"), "entropy"),
+], ids=["kl-subtracted", "entropy-added"])
+def test_a_loss_term_with_the_wrong_sign_from_step_3_is_stopped_at_step_3(slip, config, code, term):
+    """A subclass's own loss subtracts the KL penalty (``pg - beta * kl``) or adds the entropy bonus from step 3 on,
+    with ``beta`` and ``entropy_coef`` positive throughout: no coefficient is wrong, the term's sign in the loss
+    is. The callback reads ``d loss / d term`` from autograd at every micro-batch (``Penalty``, ``Bonus``)."""
+    trainer = h.make_trainer(h.own_loss(from_step=3, **slip), max_steps=6, **config)
+    RlguardCallback.attach(trainer, mode="raise", monitor=False)
+    with pytest.raises(ContractViolation) as exc:
+        trainer.train()
+    assert exc.value.code == code and trainer.state.global_step == 3
+    assert str(exc.value).startswith(f"{code} GRPOTrainer._compute_loss(): return value: d loss / d {term} has "
+                                     "the wrong sign"), str(exc.value)
+    assert trainer.beta >= 0 and trainer.entropy_coef >= 0  # the coefficients' own check has nothing to say
+
+
+def _term_checks(monkeypatch) -> dict:
+    """Counts of the Penalty and Bonus checks the callback ran ("calls") and of those that read a non-zero
+    gradient (the term reached the loss: "Penalty", "Bonus")."""
+    from rlguard.contracts import Bonus, Penalty
+
+    seen = {"Penalty": 0, "Bonus": 0, "calls": 0}
+    for marker in (Penalty, Bonus):
+        original = marker.check
+
+        def counted(self, x, call, _original=original, _name=marker.__name__):
+            seen["calls"] += 1
+            term = self._get(call, "term")
+            if torch.is_tensor(term) and torch.is_tensor(x) and x.requires_grad:
+                (grad,) = torch.autograd.grad(x.sum(), term, retain_graph=True, allow_unused=True)
+                seen[_name] += grad is not None and bool(grad.abs().max() > 0)
+            return _original(self, x, call)
+
+        monkeypatch.setattr(marker, "check", counted)
+    return seen
+
+
+@pytest.mark.parametrize("config", [{}, {"beta": 0.1}, {"entropy_coef": 0.01},
+                                    {"beta": 0.1, "entropy_coef": 0.01, "num_iterations": 2}],
+                         ids=["default", "beta", "entropy-coef", "both-two-iterations"])
+def test_healthy_loss_terms_pass_and_training_is_bit_identical_with_the_callback(config, monkeypatch):
+    """TRL's own loss: the KL and entropy terms are read at every micro-batch where they exist (their gradient
+    reaches the checks; the default config has neither, and the checks run and say nothing), pass, and leave
+    training as it is (the reference log-probs the loss reads are passed through unchanged)."""
+    seen = _term_checks(monkeypatch)
+    config = dict(max_steps=3, **config)
+    watched = h.make_trainer(**config)
+    callback = RlguardCallback.attach(watched, mode="raise")
+    watched.train()
+    assert callback.switched_off == {} and callback.monitor.alerts == []
+    micro_batches = watched.args.gradient_accumulation_steps * watched.state.global_step
+    assert seen["calls"] == 2 * micro_batches, seen  # Penalty and Bonus, at every micro-batch
+    assert bool(seen["Penalty"]) == ("beta" in config) and bool(seen["Bonus"]) == ("entropy_coef" in config), seen
+    monkeypatch.undo()
+    plain = h.make_trainer(**config)
+    plain.train()
+    for (name, a), (_, b) in zip(watched.model.named_parameters(), plain.model.named_parameters()):
+        assert torch.equal(a, b), name
+        assert a.grad is None or b.grad is None or torch.equal(a.grad, b.grad), name
+    if "beta" in config:
+        assert [r.get("kl") for r in watched.state.log_history] == [r.get("kl") for r in plain.state.log_history]
+
+
+def test_a_users_own_loss_with_the_right_signs_passes(monkeypatch):
+    """The user's loss also checks its inputs with rlguard's own contracts: the reference log-probs the callback
+    passes through its autograd function (to read the KL's sign) are still the target NoGrad expects."""
+    from typing import Annotated, Optional
+
+    from jaxtyping import Float
+    from torch import Tensor
+
+    from rlguard.contracts import Batch, NoGrad, check_batch
+    from rlguard.contracts import mode as contracts_mode
+
+    spec = Batch(ref_per_token_logps=Optional[Annotated[Float[Tensor, "B C"], NoGrad()]],
+                 advantages=Annotated[Float[Tensor, "B"], NoGrad()])
+
+    class ContractedOwnLoss(h.own_loss()):
+        def _compute_loss(self, model, inputs):
+            with contracts_mode("raise"):
+                check_batch(spec, {k: inputs.get(k) for k in ("ref_per_token_logps", "advantages")},
+                            where="ContractedOwnLoss._compute_loss", name="inputs")
+            return super()._compute_loss(model, inputs)
+
+    seen = _term_checks(monkeypatch)
+    trainer = h.make_trainer(ContractedOwnLoss, beta=0.1, entropy_coef=0.01, num_iterations=2, max_steps=4)
+    callback = RlguardCallback.attach(trainer, mode="raise", monitor=False)
+    trainer.train()
+    assert trainer.state.global_step == 4 and callback.switched_off == {}
+    assert seen["Penalty"] > 0 and seen["Bonus"] > 0, seen  # both terms were read, at the right sign
 
 
 def test_gradients_not_zeroed_between_trls_own_steps_are_stopped_by_the_callback():

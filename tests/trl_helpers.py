@@ -274,6 +274,42 @@ def fault_classes(base=None):
     return faults
 
 
+def own_loss(kl_sign: float = 1.0, entropy_sign: float = -1.0, from_step: int = 0):
+    """A ``GRPOTrainer`` subclass that writes its own ``_compute_loss``, as a user would: the clipped surrogate,
+    plus ``beta`` times TRL's per-token KL estimator (``exp(ref - logp) - (ref - logp) - 1``), minus
+    ``entropy_coef`` times the mean entropy. From ``global_step >= from_step`` the KL term enters with
+    ``kl_sign`` and the entropy term with ``entropy_sign`` (the healthy signs: +1 and -1), so a sign slip can
+    start mid-run with both coefficients positive."""
+    from trl import GRPOTrainer
+
+    class OwnLoss(GRPOTrainer):
+        def _compute_loss(self, model, inputs):
+            ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
+            attention = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
+            logps, entropies, _ = self._get_per_token_logps_and_entropies(
+                model, ids, attention, inputs["completion_ids"].shape[1], compute_entropy=True)
+            mask = inputs["completion_mask"]
+            old = inputs.get("old_per_token_logps")
+            old = logps.detach() if old is None else old
+            ratio = torch.exp(logps - old)
+            advantages = inputs["advantages"].unsqueeze(1)
+            per_token = -torch.min(ratio * advantages, ratio.clamp(1 - self.epsilon_low, 1 + self.epsilon_high)
+                                   * advantages)
+            slipped = self.state.global_step >= from_step
+            if self.beta != 0.0:
+                ref = inputs["ref_per_token_logps"]
+                kl = torch.exp(ref - logps) - (ref - logps) - 1
+                per_token = per_token + (kl_sign if slipped else 1.0) * self.beta * kl
+            tokens = mask.sum().clamp(min=1.0) * self.current_gradient_accumulation_steps
+            loss = (per_token * mask).sum() / tokens
+            if self.entropy_coef != 0.0:
+                entropy = (entropies * mask).sum() / tokens
+                loss = loss + (entropy_sign if slipped else -1.0) * self.entropy_coef * entropy
+            return loss
+
+    return OwnLoss
+
+
 @dataclass
 class Fault:
     """A seeded fault: the trainer class and config that carry it, the check that must fail, its code; the

@@ -19,6 +19,10 @@ What it checks, and where:
   sampling log-probs.
 - **the loss's inputs** (``_compute_loss``, every micro-batch): old log-probs unchanged for a row seen again in
   the same generation and not equal to the fresh log-probs after an optimizer step (RLG002).
+- **the loss's terms** (GRPO, every training micro-batch): the KL term enters the loss as a penalty and the entropy
+  term as a bonus (RLG011, RLG004), read from the returned loss's graph by the ``Penalty`` and ``Bonus`` markers
+  (``term_signs``; the KL through ``_ReferenceDistance``), so a subclass's own loss that subtracts the KL or adds
+  the entropy with positive coefficients is stopped at that micro-batch.
 - **TRL's logged metrics**, mapped to rlguard's names (``TRL_METRICS``), into ``rlguard.diagnose.Monitor``: the
   symptom rules (KL to the reference stuck at 0, the ratio stuck at 1, entropy collapse, reward falling, ...)
   run at every logging step.
@@ -51,12 +55,12 @@ from jaxtyping import Float, Int
 from torch import Tensor
 from transformers import TrainerCallback
 
-from rlguard.contracts import (Batch, ContractViolation, Finite, FollowsRewards, Frozen, Guard, GroupCentred, Mask,
-                               MatchesOwner, NoGrad, UpdateDirection, check_batch)
+from rlguard.contracts import (Batch, Bonus, ContractViolation, Finite, FollowsRewards, Frozen, Guard, GroupCentred,
+                               Mask, MatchesOwner, NoGrad, Penalty, UpdateDirection, check_batch, contract)
 from rlguard.contracts import mode as contracts_mode
 from rlguard.catalog import ENTROPY_BONUS_SIGN, KL_SIGN
 from rlguard.contracts.errors import Violation
-from rlguard.contracts.markers import POLICY_ROLE
+from rlguard.contracts.markers import POLICY_ROLE, TRACED_TARGET
 from rlguard.contracts.settings import report
 from rlguard.contracts.spec import format_message
 from rlguard.diagnose import Monitor, SymptomError, Thresholds
@@ -133,11 +137,57 @@ def loss_spec(rloo: bool, directed: bool) -> Batch:
     return Batch(**fields)
 
 
+# -- the loss's KL and entropy terms, read through autograd (RLG011, RLG004) --------------------------------------
+# TRL's GRPO loss adds ``beta * per_token_kl`` and subtracts ``entropy_coef * entropy`` inside ``_compute_loss``;
+# neither term leaves the method, so the sign they enter the loss with is read from autograd with the markers that
+# own it (``Penalty``, ``Bonus``: ``d loss / d term``, ``torch.autograd.grad`` with the graph kept, no ``.grad``
+# written). The entropy is a tensor the loss seam already observes: the second output of the loss's own
+# ``_get_per_token_logps_and_entropies`` call. The per-token KL is computed from two tensors the seam has, the
+# reference log-probs (``inputs["ref_per_token_logps"]``, TRL reads them only for that) and the policy's
+# (``per_token_logps``, observed), but is not one of them; so the reference log-probs the loss reads are made to
+# pass through ``_ReferenceDistance``: its forward returns them bit for bit, and through it they depend on a
+# tensor ``lam`` of ones, read as ``ref(lam) = logp + lam * (ref - logp)`` at ``lam = 1``: the reference's
+# distance from the policy, per token. A per-token KL estimator that is a divergence (0 where the two log-probs
+# agree, growing as they part: TRL's ``exp(ref - logp) - (ref - logp) - 1``, the squared or absolute difference)
+# grows with ``lam`` at every token where they differ, so ``d loss / d lam`` has the sign of ``d loss / d
+# per_token_kl`` there, and is exactly 0 where they agree. ``lam`` is what ``Penalty`` reads, under the name
+# ``per_token_kl``.
+class _ReferenceDistance(torch.autograd.Function):
+    """``ref`` unchanged (a copy, bit for bit); in the backward, the gradient of ``lam`` where ``ref(lam) = logp +
+    lam * (ref - logp)`` at ``lam = 1``: ``grad * (ref - logp)``, with ``logp`` the policy's log-probs the loss
+    computed (``frame["logp"]``). Only while ``frame["measuring"]`` (the callback's own ``autograd.grad``): in the
+    trainer's backward it returns nothing, so training computes what it computes without the callback."""
+
+    @staticmethod
+    def forward(ctx, lam, ref, frame):  # noqa: ARG004 - lam is the input the backward differentiates
+        ctx.ref, ctx.frame = ref, frame
+        return ref.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        frame, ref = ctx.frame, ctx.ref
+        logp = frame.get("logp")
+        if not frame.get("measuring") or logp is None or logp.shape != ref.shape or logp.device != ref.device:
+            return None, None, None
+        return grad * (ref - logp).to(grad.dtype), None, None
+
+
+def term_signs(where: str):
+    """A contract on the loss ``where`` returned (``GRPOTrainer._compute_loss``): the KL term a penalty
+    (``Penalty``, RLG011), the entropy term a bonus (``Bonus``, RLG004). Called as ``checked(per_token_kl,
+    entropy, loss)`` with the terms' tensors (None: that term is not read in this call)."""
+    def terms(per_token_kl, entropy, loss) -> Annotated[Tensor, Penalty("per_token_kl"), Bonus("entropy")]:
+        return loss
+
+    terms.__qualname__ = terms.__name__ = where
+    return contract(terms, typechecker=None)
+
+
 # the checks the callback can switch off one by one (after an internal error of its own)
 GUARD = "Guard's reference and frozen-parameter checks (RLG008, RLG014)"
 GENERATION = "checks of the generation batch (RLG001, RLG003, RLG005, RLG009)"
 REWARDS_CHECK = "checks of the reward functions' values"
-SIGNS = "checks of the KL and entropy coefficients' signs (RLG004, RLG011)"
+SIGNS = "checks of the KL and entropy terms' signs (RLG004, RLG011)"
 LOSS = "checks of the loss inputs (RLG002) and the PPO ratio"
 DIAGNOSIS = "live diagnosis of the logged metrics"
 
@@ -176,6 +226,7 @@ class RlguardCallback(TrainerCallback):
         self._unranked_noted = False  # said once: a generation whose advantages could not be ranked
         self._generation_logps: list | None = None  # (model, per-token log-probs) of the generation's scoring passes
         self._loss_frames: list[dict] = []
+        self._term_signs = None  # the contract reading the loss's KL and entropy terms' signs (term_signs)
         self._ratio = [-math.inf, math.inf]  # max, min of the PPO ratio since the last log
         self._step_mode = None
         self._rewards = None  # what _calculate_rewards returned for the generation being checked
@@ -522,18 +573,28 @@ class RlguardCallback(TrainerCallback):
         frames = self._loss_frames
         if frames and frames[-1]["logp"] is None and torch.is_grad_enabled():
             frames[-1]["logp"] = out[0].detach()
+            if frames[-1].get("terms") and torch.is_tensor(out[1]) and out[1].requires_grad:
+                frames[-1]["entropy"] = out[1]  # the loss's own entropies, with their graph (its bonus term)
         return out
 
     def _checked_loss(self, original, model, inputs, *args, **kwargs):
         frame = {"logp": None}
+        if self.contracts and not self.rloo and torch.is_grad_enabled() and self.trainer.model.training:
+            frame["terms"] = True  # the KL and entropy terms' signs are read from this call's graph
+            self._safely(SIGNS, self._trace_reference, inputs, frame)
         self._loss_frames.append(frame)
         try:
             loss = original(model, inputs, *args, **kwargs)
         finally:
             self._loss_frames.pop()
+            if "ref" in frame and isinstance(inputs, dict) and inputs.get("ref_per_token_logps") is frame["traced"]:
+                inputs["ref_per_token_logps"] = frame["ref"]  # the batch as TRL built it, for later micro-steps
         if frame["logp"] is not None and self.trainer.model.training:
             self._safely(LOSS, self._check_loss, inputs, frame["logp"])
             self._safely(SIGNS, self._check_signs)
+            if frame.get("terms"):
+                self._safely(SIGNS, self._check_terms, loss, frame)
+        frame.clear()  # the traced reference's backward reads it: it holds nothing from here on
         return loss
 
     def _check_loss(self, inputs: dict, logp: torch.Tensor) -> None:
@@ -578,6 +639,36 @@ class RlguardCallback(TrainerCallback):
         if found:
             with contracts_mode(self.mode):
                 report(found)
+
+    def _trace_reference(self, inputs, frame: dict) -> None:
+        """Before the loss runs: the reference log-probs it will read, passed through ``_ReferenceDistance``
+        (same values, bit for bit) so that ``d loss / d per_token_kl``'s sign can be read after it (``lam``). Put
+        back in ``inputs`` when the loss returns. Nothing to trace without a KL term (``beta == 0``)."""
+        ref = inputs.get("ref_per_token_logps") if isinstance(inputs, dict) else None
+        if self.trainer.beta == 0.0 or not torch.is_tensor(ref) or not ref.is_floating_point() or ref.requires_grad:
+            return
+        lam = torch.ones_like(ref, requires_grad=True)
+        traced = _ReferenceDistance.apply(lam, ref, frame)
+        setattr(traced, TRACED_TARGET, True)  # a NoGrad contract on the user's own loss reads it as the target
+        frame.update(lam=lam, ref=ref, traced=traced)
+        inputs["ref_per_token_logps"] = traced
+
+    def _check_terms(self, loss, frame: dict) -> None:
+        """After the loss: the KL term must enter it as a penalty (``d loss / d per_token_kl >= 0`` at every
+        token, RLG011) and the entropy as a bonus (``d loss / d entropy <= 0``, RLG004), read by ``Penalty`` and
+        ``Bonus`` from this call's graph (two ``torch.autograd.grad`` calls through the terms' few elementwise
+        ops, never the model; no ``.grad`` written). A term the loss does not use, or uses with coefficient 0
+        (``beta == 0``, the entropy bonus off), has nothing to say."""
+        if not torch.is_tensor(loss) or not loss.requires_grad:
+            return
+        if self._term_signs is None:
+            self._term_signs = term_signs(f"{self.trainer_class.__name__}._compute_loss")
+        frame["measuring"] = True
+        try:
+            with contracts_mode(self.mode):
+                self._term_signs(frame.get("lam"), frame.get("entropy"), loss)
+        finally:
+            frame["measuring"] = False
 
     # -- helpers -------------------------------------------------------------------------------------------------
     def _multi_step(self) -> bool:
