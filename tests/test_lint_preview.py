@@ -89,4 +89,4 @@ def test_rule_pages_say_the_status():
     assert "| yes | stable/preview | error |" in page  # RLG004: stable, its named sinks in preview
     assert "Stable, with parts in preview" in page and "name of the local variable" in page
     assert "| yes | stable | error |" in render_page("RLG002")
-    assert "| yes | preview | error |" in render_page("RLG011") and "**Preview.**" in render_page("RLG011")
+    assert "| yes (informational) | preview | info |" in render_page("RLG010") and "**Preview.**" in render_page("RLG010")

@@ -29,9 +29,12 @@ class GradContext:
         self.a = a
         self._stmt: dict[int, bool | None] = {}
         self._func: dict[int, bool | None] = {}
+        self.jax_module = _computes_in_jax(a)
 
     def enabled(self, node: cst.CSTNode, frame: "Frame | None" = None) -> bool | None:
         """Whether autograd is on where ``node`` runs (inside ``frame``'s helper, when given)."""
+        if self.jax_module:
+            return False
         local = self._local(node, frame)
         if local is not True:
             return local
@@ -193,6 +196,21 @@ def _instance_names(a: "Analysis", cls: cst.ClassDef) -> set[str]:
                 if key:
                     found.add(key.rsplit(".", 1)[-1])
     return found
+
+
+# torch imports that bring no tensor math with them: a JAX script's TensorBoard writer, its data loader
+_TORCH_WITHOUT_AUTOGRAD = ("torch.utils.tensorboard", "torch.utils.data")
+
+
+def _computes_in_jax(a: "Analysis") -> bool:
+    """A module that computes in JAX (it imports ``jax`` or ``flax``) and imports torch, if at all, only for a
+    writer or a loader: its arrays are JAX's, and no torch autograd graph is built in it (JAX differentiates
+    explicitly, ``jax.grad(loss_fn)(params)``), so nothing in it runs with autograd on."""
+    imported = list(a.index.imports.values())
+    if not any(q == "jax" or q.startswith(("jax.", "flax")) for q in imported):
+        return False
+    return not any((q == "torch" or q.startswith("torch.")) and not q.startswith(_TORCH_WITHOUT_AUTOGRAD)
+                   for q in imported)
 
 
 def grad_context(a: "Analysis") -> GradContext:

@@ -502,10 +502,18 @@ class ProvenanceFacet(Facet):
                       for m in [self.models.model(arg.value, frame) if isinstance(arg.value, (cst.Name, cst.Attribute)) else None]
                       if m is not None]
         if model_args and method not in S.NON_FORWARD_METHODS:
+            remote = [o for arg in call.args for o in trace.value(arg.value, frame) if o.kind == REMOTE]
+            if remote:
+                # a handle built around a remote class with the model (``WorkerGroup(cls=ray.remote(Worker),
+                # model=policy)``): the model runs in other processes, and the handle's results come back as data
+                return frozenset(remote)
             if S.ROLLOUT_CALL.fullmatch(last or ""):
                 return frozenset({Origin(ROLLOUT, id(call), False, name=last)})
             if re.fullmatch(r"(?i)\w*(prepare|wrap|build|make|create|init|load|save|copy|unwrap|setup|register)\w*",
-                            last or ""):
+                            last or "") or last[:1].isupper():
+                # a factory, or a class (CapWords: ``DataParallelPPOActor(actor_module=m)``, ``DDP(m)``) built
+                # around the model: an object that holds it, not a forward's output (what its methods return is
+                # their own; a method out of view is an assumed forward, see above)
                 return EMPTY
             origins = self._forward(call, model_args[0][1], frame)
             if _no_grad_keyword(call):
@@ -514,7 +522,13 @@ class ProvenanceFacet(Facet):
         # anything else: what goes in comes out (receiver and arguments), autograd as the context says
         found: set = set()
         if method is not None and recv is not None and method not in ("append", "extend", "update"):
-            found |= trace.value(recv, frame)
+            inner = trace.value(recv, frame)
+            if any(o.kind == REMOTE for o in inner):
+                # a method of a handle built around a remote class (``RayWorkerGroup(... ray.remote(Worker) ...)``,
+                # an actor handle): what it returns crossed a process boundary, data without an autograd graph,
+                # whatever models went into the handle's construction
+                return frozenset(o for o in inner if o.kind == REMOTE)
+            found |= inner
         for arg in call.args:
             if arg.keyword is not None and arg.keyword.value in ("dim", "index", "device", "dtype", "mask",
                                                                     "attention_mask", "position_ids"):
@@ -623,4 +637,11 @@ def provenance(a: "Analysis") -> Trace:
 def forwards(a: "Analysis", expr: cst.BaseExpression, grad: bool | None = None) -> list[Origin]:
     """The model forwards ``expr``'s value comes from (``grad``: only those whose autograd state is ``grad``)."""
     found = provenance(a).value(expr)
+    return [o for o in found if o.kind == FORWARD and (grad is None or o.grad is grad)]
+
+
+def forwards_of_def(a: "Analysis", d: Def, grad: bool | None = None) -> list[Origin]:
+    """The model forwards of the value binding ``d`` gives its key: for a tuple target (``lp, ref_lp = f(x)``) its
+    own element, through a helper of this module's returned tuple (a helper out of view: the whole call)."""
+    found = provenance(a).def_value(d, d.key, d.stmt, None)
     return [o for o in found if o.kind == FORWARD and (grad is None or o.grad is grad)]

@@ -185,10 +185,10 @@ def literal_bool(expr: cst.BaseExpression | None) -> bool | None:
 def int_value(expr: cst.BaseExpression | None) -> int | None:
     """``1`` -> 1, ``-1`` -> -1; None for anything else."""
     if isinstance(expr, cst.Integer):
-        return int(expr.value)
+        return expr.evaluated_value  # every spelling of an int literal: 0x9E3779B1, 1_000, 0o17
     if isinstance(expr, cst.UnaryOperation) and isinstance(expr.operator, cst.Minus) and isinstance(
             expr.expression, cst.Integer):
-        return -int(expr.expression.value)
+        return -expr.expression.evaluated_value
     return None
 
 
@@ -206,7 +206,7 @@ def string_value(expr: cst.CSTNode | None) -> str | None:
 def number_value(expr: cst.BaseExpression | None) -> float | None:
     kind = type(expr)
     if kind is cst.Integer or kind is cst.Float:
-        return float(expr.value)
+        return float(expr.evaluated_value)  # 0x9E3779B1, 1_000, 1e-3 alike
     if kind is cst.UnaryOperation and type(expr.operator) is cst.Minus:
         inner = number_value(expr.expression)
         return None if inner is None else -inner

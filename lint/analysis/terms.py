@@ -30,6 +30,15 @@ _MASKED_REDUCTION = re.compile(r"(?i)masked_(?!mask)\w+")
 # A coefficient named for the term it scales (``kl_div_loss_weight``, ``entropy_scale``, ``kl_beta``).
 _COEFFICIENT = re.compile(r"(?i)\w+_(coef|coeff|coefficient|weight|scale|factor|beta|lambda|lam)")
 
+# Tensors filled with a constant: their values come from no model.
+_FILLED_FUNCTIONS = frozenset({"torch.zeros", "torch.zeros_like", "torch.ones", "torch.ones_like", "torch.full",
+                               "torch.full_like", "numpy.zeros", "numpy.zeros_like", "numpy.ones", "numpy.ones_like",
+                               "numpy.full", "numpy.full_like"})
+_FILLED_METHODS = frozenset({"new_zeros", "new_ones", "new_full"})
+# Methods that move or cast a tensor without changing what it holds.
+_CAST_METHODS = frozenset({"to", "float", "double", "half", "bfloat16", "cuda", "cpu", "detach", "type", "type_as",
+                           "contiguous", "clone"})
+
 
 class Quantities:
     """Per module: entropy, KL and log-prob recognition with memoised answers."""
@@ -352,10 +361,14 @@ class Quantities:
 
     def _argument_role(self, expr, frame) -> str | None:
         """"reference" or "policy" when a parameter's bound argument says which log-probs it is: the value at the
-        call site wins over the parameter's name (``kl(ref_logp, logp)`` into ``def kl(lp, ref_lp)``)."""
+        call site wins over the parameter's name (``kl(ref_logp, logp)`` into ``def kl(lp, ref_lp)``); "constant"
+        when the argument is a constant tensor (``rewards(logp, torch.zeros_like(logp))``: no model's log-probs,
+        whatever the parameter is called)."""
         bound = self._bound(expr, frame)
         if bound is None:
             return None
+        if self._constant_tensor(*bound):
+            return "constant"
         if self._is_reference_logp(*bound):
             return "reference"
         if self._is_policy_logp(*bound):
@@ -380,10 +393,40 @@ class Quantities:
                 return []
         return values
 
+    def _constant_tensor(self, expr, frame, depth: int = 4) -> bool:
+        """A value no model computed: a number, or a tensor filled with a constant (``torch.zeros_like(x)``,
+        ``torch.full((n,), 0.0)``, ``x.new_zeros(n)``, ``torch.tensor(0.0)``), moved or cast (``.to(device)``), or a
+        name every reaching definition (or the caller's argument bound to a parameter) gives such a value. A
+        log-prob difference against it (SimPO/SLiC's implicit reference ``logp - 0``) is a log-likelihood, not a
+        log-ratio to a reference model."""
+        while isinstance(expr, cst.Call) and self.a.method(expr) in _CAST_METHODS and S.receiver(expr) is not None:
+            expr = S.receiver(expr)
+        if S.number_value(expr) is not None:
+            return True
+        if isinstance(expr, cst.Call):
+            if self.a.callee(expr) is not None:
+                return False
+            name = self.a.call_name(expr)
+            if name in _FILLED_FUNCTIONS or self.a.method(expr) in _FILLED_METHODS:
+                return True
+            return name in ("torch.tensor", "torch.as_tensor") and bool(expr.args) and \
+                S.number_value(expr.args[0].value) is not None
+        key = key_of(expr)
+        if key is None or depth <= 0:
+            return False
+        bound = self._bound(expr, frame)
+        if bound is not None:
+            return self._constant_tensor(bound[0], bound[1], depth - 1)
+        defs = self.a.flow.reaching(key, expr)
+        return bool(defs) and all(d.kind == "assign" and d.element is None and d.value is not None and d.key == key
+                                  and self._constant_tensor(d.value, frame, depth - 1) for d in defs)
+
     def _is_reference_logp(self, expr, frame, depth: int = 2) -> bool:
         role = self._argument_role(expr, frame)
         if role is not None:
             return role == "reference"
+        if self._constant_tensor(expr, frame):
+            return False  # `ref_logps = torch.zeros_like(logps)`: a constant, whatever its name
         copies = self._copied_from(expr) if depth > 0 else []
         if copies and all(self._is_reference_logp(c, frame, depth - 1) for c in copies):
             return True
@@ -399,6 +442,8 @@ class Quantities:
         role = self._argument_role(expr, frame)
         if role is not None:
             return role == "policy"
+        if self._constant_tensor(expr, frame):
+            return False
         copies = self._copied_from(expr)
         if copies and any(self._stored_role(c) in ("ref_logp", "old_logp") for c in copies):
             return False

@@ -82,8 +82,9 @@ class KlSign(Rule):
 
     code = KL_SIGN
     # a KL by name or reference log-probs, or a KL written out over distributions (it needs logs)
-    # preview: the ecosystem check shows a FALSE finding on a log-likelihood regulariser added beside a preference loss (no reference model) (docs/benchmarks.md, Ecosystem)
-    preview = True
+    # stable since 2026-12-07: the FALSE class that kept it in preview (a log-likelihood regulariser beside a
+    # preference loss scored against zeros, read as a KL to a reference) is fixed in the core (terms: a constant
+    # tensor is no reference); on the 49 repositories its stable part reports 1 TRUE (holdout) and no FALSE
     triggers = r"kl(?:_|\b)|_kl|ref_?log|ref_per_token|reference_log|log\(|log_softmax"
     fixable = True
 
@@ -168,6 +169,17 @@ class KlSign(Rule):
               "    loss = pg_loss + args.kl_coef * kl.mean()\n"
               "    loss.backward()\n",
               "the same coefficient from the parsed arguments, the penalty added", capability="C6", style="script"),
+        Valid("class MarginTrainer:\n"
+              "    def seq_score(self, logps, ref_logps):\n"
+              "        return (logps - ref_logps).sum(-1)\n\n"
+              "    def loss(self, good_logps, bad_logps):\n"
+              "        good = self.seq_score(good_logps, torch.zeros_like(good_logps).to(self.device))\n"
+              "        bad = self.seq_score(bad_logps, torch.zeros_like(bad_logps).to(self.device))\n"
+              "        hinge = torch.clamp(self.margin - good + bad, min=0)\n"
+              "        nll = -good_logps.sum(-1)\n"
+              "        return hinge + self.reg_weight * nll\n",
+              "no reference model: the helper's reference parameter is bound to a zero tensor, so its score is the "
+              "log-likelihood, not a log-ratio (a KL needs a reference's log-probs)", capability="FP", style="class"),
     ]
     INVALID = [
         Invalid("loss = pg_loss - kl_coef * kl\n", line=1, fixed="loss = pg_loss + kl_coef * kl\n", preview=True),
