@@ -51,7 +51,8 @@ def _clock_the_checks() -> None:
     from rlguard.contracts.guard import Guard
     from rlguard.integrations.trl.callback import RlguardCallback
 
-    for cls, names in ((RlguardCallback, ("_check_generation", "_check_loss", "_check_rewards", "on_log",
+    for cls, names in ((RlguardCallback, ("_check_generation", "_check_loss", "_check_rewards",
+                                          "_check_reward_models", "_trace_reference", "_check_terms", "on_log",
                                           "on_train_begin")),
                        (Guard, ("_pre_step", "_post_step", "begin_update", "end_update"))):
         for name in names:

@@ -19,10 +19,10 @@ What it checks, and where:
   sampling log-probs.
 - **the loss's inputs** (``_compute_loss``, every micro-batch): old log-probs unchanged for a row seen again in
   the same generation and not equal to the fresh log-probs after an optimizer step (RLG002).
-- **the loss's terms** (GRPO, every training micro-batch): the KL term enters the loss as a penalty and the entropy
-  term as a bonus (RLG011, RLG004), read from the returned loss's graph by the ``Penalty`` and ``Bonus`` markers
-  (``term_signs``; the KL through ``_ReferenceDistance``), so a subclass's own loss that subtracts the KL or adds
-  the entropy with positive coefficients is stopped at that micro-batch.
+- **the loss's terms** (GRPO, the first training micro-batch of each optimizer step): the KL term enters the loss
+  as a penalty and the entropy term as a bonus (RLG011, RLG004), read from the returned loss's graph by the
+  ``Penalty`` and ``Bonus`` markers (``term_signs``; the KL through ``_ReferenceDistance``), so a subclass's own
+  loss that subtracts the KL or adds the entropy with positive coefficients is stopped at that step.
 - **TRL's logged metrics**, mapped to rlguard's names (``TRL_METRICS``), into ``rlguard.diagnose.Monitor``: the
   symptom rules (KL to the reference stuck at 0, the ratio stuck at 1, entropy collapse, reward falling, ...)
   run at every logging step.
@@ -227,6 +227,7 @@ class RlguardCallback(TrainerCallback):
         self._generation_logps: list | None = None  # (model, per-token log-probs) of the generation's scoring passes
         self._loss_frames: list[dict] = []
         self._term_signs = None  # the contract reading the loss's KL and entropy terms' signs (term_signs)
+        self._terms_read_at = -1  # the optimizer step whose loss's terms were read last (once per step)
         self._ratio = [-math.inf, math.inf]  # max, min of the PPO ratio since the last log
         self._step_mode = None
         self._rewards = None  # what _calculate_rewards returned for the generation being checked
@@ -267,6 +268,7 @@ class RlguardCallback(TrainerCallback):
         supported_trainer(self.trainer, what="trainer given to RlguardCallback")
         self._refuse_another_trainer(model)
         self._release()  # a previous train() that ended in an exception left its wrappers and guard
+        self._terms_read_at = -1
         if self.contracts:
             self._safely(GUARD, self._start_guard, optimizer)
             self._safely(GENERATION, self._choose_generation_spec)
@@ -579,8 +581,13 @@ class RlguardCallback(TrainerCallback):
 
     def _checked_loss(self, original, model, inputs, *args, **kwargs):
         frame = {"logp": None}
-        if self.contracts and not self.rloo and torch.is_grad_enabled() and self.trainer.model.training:
-            frame["terms"] = True  # the KL and entropy terms' signs are read from this call's graph
+        step = self.trainer.state.global_step
+        if self.contracts and not self.rloo and torch.is_grad_enabled() and self.trainer.model.training and \
+                step != self._terms_read_at:
+            # the KL and entropy terms' signs are read from this call's graph: once per optimizer step, on its first
+            # micro-batch (the loss code is the same for the others; a slip that starts mid-run shows at its step)
+            self._terms_read_at = step
+            frame["terms"] = True
             self._safely(SIGNS, self._trace_reference, inputs, frame)
         self._loss_frames.append(frame)
         try:
