@@ -392,3 +392,18 @@ def dict_trainer(seed: int = 0, **args) -> DictGRPOTrainer:
     model = disable_dropout(build_model(cfg, seed=seed))
     model.pos_emb.requires_grad_(False)
     return DictGRPOTrainer(model, replace(DictArgs(), **args), seed=seed)
+
+
+def padded_rows(side: str = "right", pad: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Four rows of 9 token ids (1..11) holding 9, 6, 4 and 7 real tokens, padded with ``pad`` on ``side``, and
+    their attention mask: the batch the row-independence tests pad further and re-score."""
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(1, 12, (4, 9), generator=gen)
+    mask = torch.ones_like(ids)
+    for r, n in enumerate((9, 6, 4, 7)):
+        if side == "right":
+            ids[r, n:], mask[r, n:] = pad, 0
+        else:
+            ids[r] = torch.cat([torch.full((9 - n,), pad), ids[r, :n]])
+            mask[r] = torch.cat([torch.zeros(9 - n, dtype=mask.dtype), torch.ones(n, dtype=mask.dtype)])
+    return ids, mask

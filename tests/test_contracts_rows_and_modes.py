@@ -22,6 +22,8 @@ from rlguard.contracts import (
 from rlguard.contracts import invariance
 from rlguard.reference.model import ModelConfig, build_model, disable_dropout
 
+from contracts_helpers import padded_rows
+
 torch.set_num_threads(1)
 EOS, PAD = 9, 0
 
@@ -244,21 +246,11 @@ def left_padded_logps_no_mask(model, input_ids, attention_mask):
 
 
 def _right_padded():
-    gen = torch.Generator().manual_seed(0)
-    ids = torch.randint(1, 12, (4, 9), generator=gen)
-    mask = torch.ones_like(ids)
-    for r, n in enumerate((9, 6, 4, 7)):
-        ids[r, n:], mask[r, n:] = PAD, 0
-    return ids, mask
+    return padded_rows("right", PAD)
 
 
 def _left_padded():
-    ids, mask = _right_padded()
-    lengths = mask.sum(-1)
-    for r, n in enumerate(lengths.tolist()):
-        ids[r] = torch.cat([torch.full((9 - n,), PAD), ids[r, :n]])
-        mask[r] = torch.cat([torch.zeros(9 - n, dtype=mask.dtype), torch.ones(n, dtype=mask.dtype)])
-    return ids, mask
+    return padded_rows("left", PAD)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -15,6 +15,8 @@ from rlguard.catalog import PADDING_LEAK, ROWS_OUT_OF_STEP
 from rlguard.contracts import ContractDefinitionError, ContractViolation, permutation_invariant, row_independent
 from rlguard.reference.model import ModelConfig, build_model
 
+from contracts_helpers import padded_rows
+
 torch.set_num_threads(1)
 PAD = 0
 
@@ -28,20 +30,11 @@ def _gather(logits, ids):
 
 
 def _right_padded():
-    gen = torch.Generator().manual_seed(0)
-    ids = torch.randint(1, 12, (4, 9), generator=gen)
-    mask = torch.ones_like(ids)
-    for r, n in enumerate((9, 6, 4, 7)):
-        ids[r, n:], mask[r, n:] = PAD, 0
-    return ids, mask
+    return padded_rows("right", PAD)
 
 
 def _left_padded():
-    ids, mask = _right_padded()
-    for r, n in enumerate(mask.sum(-1).tolist()):
-        ids[r] = torch.cat([torch.full((9 - n,), PAD), ids[r, :n]])
-        mask[r] = torch.cat([torch.zeros(9 - n, dtype=mask.dtype), torch.ones(n, dtype=mask.dtype)])
-    return ids, mask
+    return padded_rows("left", PAD)
 
 
 @dataclass

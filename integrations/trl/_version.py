@@ -6,8 +6,9 @@ imports it. The range is the ``[trl]`` extra's (``pyproject.toml``; a test keeps
 
 from __future__ import annotations
 
-import re
 from importlib import metadata
+
+from rlguard.integrations._versions import in_range
 
 SUPPORTED_TRL = ">=1.16,<1.17"
 # PEFT, for LoRA trainers only (the [trl] extra installs it; a trainer without PEFT never needs it). 0.17 does not
@@ -20,24 +21,9 @@ class UnsupportedTRLError(ImportError):
     """TRL is missing, or its version is outside the tested range."""
 
 
-def _release(version: str) -> tuple[int, ...]:
-    """The leading release numbers of a version string: "1.16.0rc1" -> (1, 16, 0)."""
-    match = re.match(r"\d+(?:\.\d+)*", version.strip())
-    if match is None:
-        raise ValueError(f"not a version: {version!r}")
-    return tuple(int(p) for p in match.group().split("."))
-
-
-def _bounds(spec: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    low, high = (s.strip() for s in spec.split(","))
-    return _release(low.removeprefix(">=")), _release(high.removeprefix("<"))
-
-
 def supported(version: str, spec: str = SUPPORTED_TRL) -> bool:
     """Whether ``version`` (e.g. "1.16.0") lies in ``spec`` (">=A,<B")."""
-    low, high = _bounds(spec)
-    release = _release(version)
-    return low <= release < high
+    return in_range(version, spec)
 
 
 def unsupported_peft() -> str | None:

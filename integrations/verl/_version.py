@@ -7,8 +7,9 @@ range is the ``[verl]`` extra's (``pyproject.toml``; a test keeps the two equal)
 
 from __future__ import annotations
 
-import re
 from importlib import metadata
+
+from rlguard.integrations._versions import in_range
 
 SUPPORTED_VERL = ">=0.9.1,<0.10"
 INSTALL = "pip install 'rlguard[verl]'"
@@ -18,18 +19,9 @@ class UnsupportedVerlError(ImportError):
     """verl is missing, or its version is outside the tested range."""
 
 
-def release(version: str) -> tuple[int, ...]:
-    """The leading release numbers of a version string: "0.9.1rc1" -> (0, 9, 1)."""
-    match = re.match(r"\d+(?:\.\d+)*", version.strip())
-    if match is None:
-        raise ValueError(f"not a version: {version!r}")
-    return tuple(int(p) for p in match.group().split("."))
-
-
 def supported(version: str, spec: str = SUPPORTED_VERL) -> bool:
     """Whether ``version`` (e.g. "0.9.1") lies in ``spec`` (">=A,<B")."""
-    low, high = (s.strip() for s in spec.split(","))
-    return release(low.removeprefix(">=")) <= release(version) < release(high.removeprefix("<"))
+    return in_range(version, spec)
 
 
 def require_supported_verl() -> str:
