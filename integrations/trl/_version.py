@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from importlib import metadata
 
-from rlguard.integrations._versions import in_range
+from rlguard.integrations._versions import in_range, require_installed
 
 SUPPORTED_TRL = ">=1.16,<1.17"
 # PEFT, for LoRA trainers only (the [trl] extra installs it; a trainer without PEFT never needs it). 0.17 does not
@@ -39,13 +39,6 @@ def unsupported_peft() -> str | None:
 
 def require_supported_trl() -> str:
     """The installed TRL version; ``UnsupportedTRLError`` naming the supported range when it is not usable."""
-    try:
-        version = metadata.version("trl")
-    except metadata.PackageNotFoundError:
-        raise UnsupportedTRLError(
-            f"rlguard.integrations.trl needs TRL {SUPPORTED_TRL}, which is not installed: {INSTALL}") from None
-    if not supported(version):
-        raise UnsupportedTRLError(
-            f"rlguard.integrations.trl supports TRL {SUPPORTED_TRL}; TRL {version} is installed. It reads "
-            f"GRPOTrainer internals that change between TRL releases: {INSTALL} installs a supported version")
-    return version
+    return require_installed("trl", "TRL", SUPPORTED_TRL, "rlguard.integrations.trl",
+                             "It reads GRPOTrainer internals that change between TRL releases", INSTALL,
+                             UnsupportedTRLError)

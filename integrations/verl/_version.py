@@ -7,9 +7,9 @@ range is the ``[verl]`` extra's (``pyproject.toml``; a test keeps the two equal)
 
 from __future__ import annotations
 
-from importlib import metadata
+from importlib import metadata  # noqa: F401 - the tests patch metadata.version through this module
 
-from rlguard.integrations._versions import in_range
+from rlguard.integrations._versions import in_range, require_installed
 
 SUPPORTED_VERL = ">=0.9.1,<0.10"
 INSTALL = "pip install 'rlguard[verl]'"
@@ -26,14 +26,6 @@ def supported(version: str, spec: str = SUPPORTED_VERL) -> bool:
 
 def require_supported_verl() -> str:
     """The installed verl version; ``UnsupportedVerlError`` naming the supported range when it is not usable."""
-    try:
-        version = metadata.version("verl")
-    except metadata.PackageNotFoundError:
-        raise UnsupportedVerlError(
-            f"rlguard.integrations.verl needs verl {SUPPORTED_VERL}, which is not installed: {INSTALL}") from None
-    if not supported(version):
-        raise UnsupportedVerlError(
-            f"rlguard.integrations.verl supports verl {SUPPORTED_VERL}; verl {version} is installed. It wraps "
-            f"functions of verl.trainer.ppo.core_algos whose signatures change between verl releases: {INSTALL} "
-            "installs a supported version")
-    return version
+    return require_installed("verl", "verl", SUPPORTED_VERL, "rlguard.integrations.verl",
+                             "It wraps functions of verl.trainer.ppo.core_algos whose signatures change between verl "
+                             "releases", INSTALL, UnsupportedVerlError)
