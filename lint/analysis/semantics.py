@@ -185,11 +185,21 @@ def literal_bool(expr: cst.BaseExpression | None) -> bool | None:
 def int_value(expr: cst.BaseExpression | None) -> int | None:
     """``1`` -> 1, ``-1`` -> -1; None for anything else."""
     if isinstance(expr, cst.Integer):
-        return expr.evaluated_value  # every spelling of an int literal: 0x9E3779B1, 1_000, 0o17
+        return _literal(expr, int)
     if isinstance(expr, cst.UnaryOperation) and isinstance(expr.operator, cst.Minus) and isinstance(
             expr.expression, cst.Integer):
-        return -expr.expression.evaluated_value
+        return -_literal(expr.expression, int)
     return None
+
+
+def _literal(expr: cst.Integer | cst.Float, kind: type):
+    """A number literal's value: ``kind(text)`` for the plain spellings (a hot path: libcst's ``evaluated_value``
+    parses the literal with ``ast.literal_eval`` at every call), libcst's reading for the others (``0x9E3779B1``,
+    ``0o17``)."""
+    try:
+        return kind(expr.value)
+    except ValueError:
+        return kind(expr.evaluated_value)
 
 
 def string_value(expr: cst.CSTNode | None) -> str | None:
@@ -206,7 +216,7 @@ def string_value(expr: cst.CSTNode | None) -> str | None:
 def number_value(expr: cst.BaseExpression | None) -> float | None:
     kind = type(expr)
     if kind is cst.Integer or kind is cst.Float:
-        return float(expr.evaluated_value)  # 0x9E3779B1, 1_000, 1e-3 alike
+        return _literal(expr, float)
     if kind is cst.UnaryOperation and type(expr.operator) is cst.Minus:
         inner = number_value(expr.expression)
         return None if inner is None else -inner
