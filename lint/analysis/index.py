@@ -97,10 +97,26 @@ def string_key(index: cst.CSTNode) -> str | None:
         index = index.slice
     if isinstance(index, cst.Index):
         value = index.value
-        if isinstance(value, (cst.SimpleString, cst.ConcatenatedString)):
+        if type(value) is cst.SimpleString:
+            return simple_string_value(value)
+        if isinstance(value, cst.ConcatenatedString):
             evaluated = value.evaluated_value
             return evaluated if isinstance(evaluated, str) else None
     return None
+
+
+_PLAIN_STRING = re.compile(r"'[^'\\\n]*'" + r'|"[^"\\\n]*"')
+
+
+def simple_string_value(node: cst.SimpleString) -> str | None:
+    """The text of a str literal, None for bytes. A plain one-quoted literal with no prefix or escape (almost
+    every subscript key) is read by slicing: libcst's ``evaluated_value`` runs ``ast.literal_eval`` on every
+    call, and subscript keys are read millions of times per tree."""
+    raw = node.value
+    if _PLAIN_STRING.fullmatch(raw):
+        return raw[1:-1]
+    evaluated = node.evaluated_value
+    return evaluated if isinstance(evaluated, str) else None
 
 
 def key_of(expr: cst.CSTNode | None) -> str | None:

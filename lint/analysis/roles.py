@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 import libcst as cst
 
 from rlguard.lint.analysis import semantics as S
-from rlguard.lint.analysis.index import Def, dotted_name, key_of
+from rlguard.lint.analysis.index import Def, dotted_name, key_of, simple_string_value
 
 if TYPE_CHECKING:
     from rlguard.lint.analysis import Analysis
@@ -247,7 +247,7 @@ def target_role_by_use(a: "Analysis", d: Def) -> str | None:
     found = a.cache.setdefault("target_role_by_use", {})
     if id(d) in found:
         return found[id(d)]
-    role = "advantages" if _reaches(a, d, [(x, "") for x in _clip_weight_reads(a)]) else None
+    role = "advantages" if _reaches(a, d, _clip_weight_reads_by_key(a).get(d.key, ())) else None
     if role is None:
         for name in interface_names(a, d):
             role = next((r for r in TARGET_ROLES if name not in TOO_GENERIC and a.names.is_role(name, r)), None)
@@ -261,12 +261,31 @@ def interface_names(a: "Analysis", d: Def) -> list[str]:
     """The interface names the value bound by ``d`` is handed to: keywords of calls (``rewards=x``), parameters
     of same-module functions it is passed to positionally, string keys it is stored under (``batch["x"] = x``),
     each for a read that ``d`` reaches. A role read from them survives renaming the variable."""
-    return [name for read, name in _interface_reads(a)
-            if key_of(read) == d.key and any(r is d for r in a.flow.reaching(d.key, read))]
+    return [name for read, name in _interface_reads_by_key(a).get(d.key, ())
+            if any(r is d for r in a.flow.reaching(d.key, read))]
 
 
 def _reaches(a: "Analysis", d: Def, reads) -> bool:
-    return any(key_of(read) == d.key and any(r is d for r in a.flow.reaching(d.key, read)) for read, _ in reads)
+    return any(any(r is d for r in a.flow.reaching(d.key, read)) for read in reads)
+
+
+def _clip_weight_reads_by_key(a: "Analysis") -> dict[str, list[cst.BaseExpression]]:
+    def build(an):
+        grouped: dict[str, list[cst.BaseExpression]] = {}
+        for read in _clip_weight_reads(an):
+            grouped.setdefault(key_of(read), []).append(read)
+        return grouped
+    return a.facet("clip_weight_reads_by_key", build)
+
+
+def _interface_reads_by_key(a: "Analysis") -> dict[str, list[tuple[cst.BaseExpression, str]]]:
+    """:func:`_interface_reads` grouped by the flow key of the read (each target asks for its own key only)."""
+    def build(an):
+        grouped: dict[str, list[tuple[cst.BaseExpression, str]]] = {}
+        for read, name in _interface_reads(an):
+            grouped.setdefault(key_of(read), []).append((read, name))
+        return grouped
+    return a.facet("interface_reads_by_key", build)
 
 
 def _interface_reads(a: "Analysis") -> list[tuple[cst.BaseExpression, str]]:
@@ -287,11 +306,11 @@ def _interface_reads(a: "Analysis") -> list[tuple[cst.BaseExpression, str]]:
                 if isinstance(t, cst.Subscript) and len(t.slice) == 1 and isinstance(t.slice[0].slice, cst.Index):
                     key = t.slice[0].slice.value
                     if isinstance(key, cst.SimpleString):
-                        add(stmt.value, key.evaluated_value)
+                        add(stmt.value, simple_string_value(key))
         for literal in an.nodes(cst.Dict):
             for element in literal.elements:
                 if isinstance(element, cst.DictElement) and isinstance(element.key, cst.SimpleString):
-                    add(element.value, element.key.evaluated_value)
+                    add(element.value, simple_string_value(element.key))
         return out
     return a.facet("interface_reads", build)
 
@@ -302,9 +321,10 @@ def _clip_weight_reads(a: "Analysis") -> list[cst.BaseExpression]:
         weights = clip_weights(an)
         if not weights:
             return out
+        weight_keys = {key for key, _ in weights}
         for node in an.nodes(cst.Name, cst.Attribute):
             key = key_of(node)
-            if key is not None and (key, frozenset(id(x) for x in an.flow.reaching(key, node))) in weights:
+            if key in weight_keys and (key, frozenset(id(x) for x in an.flow.reaching(key, node))) in weights:
                 out.append(node)
         return out
     return a.facet("clip_weight_reads", build)
