@@ -378,6 +378,10 @@ class AlignFacet(Facet):
                 return _UNKNOWN
         if qname in LOG_SOFTMAX_FUNCS and side == "logits" and call.args:
             return trace.value(call.args[0].value, frame) or _UNKNOWN
+        if qname == "getattr" and side == "logits" and len(call.args) >= 2 and \
+                S.string_value(call.args[1].value) in ("logits", "logit"):
+            # getattr(output, "logits", output): a model output's logits, or the output when it is the logits
+            return trace.value(call.args[0].value, frame) or _UNKNOWN
         if qname in LIKE_FUNCTIONS and call.args:
             return trace.value(call.args[0].value, frame) or _UNKNOWN
         if qname in ("torch.logical_and", "torch.logical_or") and len(call.args) >= 2:
@@ -585,7 +589,8 @@ def gather_site(a: "Analysis", call: cst.Call) -> GatherSite | None:
         if dist is not None:
             return GatherSite(call, dist, call.args[0].value, "categorical")
         return None
-    name = func.value if isinstance(func, cst.Name) else method
+    # `selective_log_softmax(...)`, `self.logprobs_from_logits(...)`, `model_utils.log_softmax_and_gather(...)`
+    name = func.value if isinstance(func, cst.Name) else func.attr.value if isinstance(func, cst.Attribute) else None
     if name and S.LOGPROB_HELPER.fullmatch(name) and len(call.args) >= 2 and a.callee(call) is None:
         logits = S.argument(call, 0, "logits")
         labels = S.argument(call, 1, "labels") or S.argument(call, None, "index") or S.argument(

@@ -64,7 +64,8 @@ LOSS_CLASSES = frozenset({"torch.nn.CrossEntropyLoss", "torch.nn.NLLLoss"})
 # Library helpers that return per-token log-probs of labels under logits (TRL, verl, OpenRLHF, trlx, NeMo-RL...).
 LOGPROB_HELPER = re.compile(
     r"(?i)selective_log_softmax|\w*log_?probs?_(from|of)_\w+|gather_\w*log_?probs?\w*|\w*logps?_from_logits"
-    r"|logprobs_from_logits\w*|\w*log_?prob_from_logits|get_per_token_logps|_get_per_token_logps\w*")
+    r"|logprobs_from_logits\w*|\w*log_?prob_from_logits|get_per_token_logps|_get_per_token_logps\w*"
+    r"|log_softmax_and_gather\w*")
 # Library helpers that return the entropy of logits.
 ENTROPY_HELPER = re.compile(r"(?i)entropy_from_logits\w*|\w*_entropy_from_logits|compute_entropy\w*|"
                             r"entropy_from_log_?probs|calc_entropy|token_entropy|categorical_entropy")

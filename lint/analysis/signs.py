@@ -250,7 +250,18 @@ class Signs:
             return None if inner is None else -inner
         if isinstance(expr, cst.Comparison):
             return 1  # a 0/1 selection
+        if isinstance(expr, cst.BinaryOperation) and isinstance(expr.operator, (cst.Multiply, cst.Divide)) \
+                and depth > 0:
+            # `mask.shape[0] / cfg.n`, `1 / self.n_micro`: a product of scalings scales by the product of signs
+            left = self._hyperparameter(expr.left, frame, depth - 1)
+            right = self._hyperparameter(expr.right, frame, depth - 1) if left is not None else None
+            return None if right is None else left * right
+        if _shape_read(expr):
+            return 1  # `x.shape[0]`, `x.size(0)`, `x.numel()`: a size is not negative
         vocab = self.a.names
+        if isinstance(expr, cst.Subscript) and key_of(expr) is None:
+            # `m[idx]`: a row selection of a scaling scales like it
+            return self.scale(expr.value, frame, depth - 1) if depth > 0 else None
         if isinstance(expr, (cst.Name, cst.Attribute, cst.Subscript)):
             name = _last(expr)
             if name is None:
@@ -289,10 +300,14 @@ class Signs:
                 name = _last(inner) if inner is not None else None
                 if name is not None and (vocab.is_role(name, "mask") or _COUNT.fullmatch(name)):
                     return 1  # a token count
-                if method in ("item", "detach", "float") and self.scale(recv, frame, depth - 1) == 1:
-                    return 1
+                if method in ("item", "detach", "float", "sum", "clamp", "clamp_min") and depth > 0 and \
+                        self.scale(recv, frame, depth - 1) == 1:
+                    return 1  # `m[idx].sum().clamp(min=1)` of a mask: a token count
             if S.called_name(expr) in ("len", "max", "float", "int") and expr.args:
                 return 1
+            if S.called_name(expr) in ("torch.sum", "torch.count_nonzero") and expr.args and depth > 0 and \
+                    self.scale(expr.args[0].value, frame, depth - 1) == 1:
+                return 1  # torch.sum(mask): a token count
         return None
 
     def _argparse_default(self, expr: cst.BaseExpression) -> int | None:
@@ -341,6 +356,9 @@ class Signs:
             return self.scale(value, frame, depth)
         if isinstance(value, cst.Call) and S.called_name(value) in ("get", "getattr", "float", "int") and value.args:
             return 1
+        if isinstance(value, (cst.Subscript, cst.BinaryOperation)) or _shape_read(value):
+            # `batch["response_mask"]`, `n_tokens / world_size`, `mask.shape[0]`: as a scaling
+            return self.scale(value, frame, depth)
         return None
 
     def _frame(self, func, call, frame) -> Frame | None:
@@ -362,6 +380,14 @@ _COEF_WORD = re.compile(r"(?i)(^|_)(coef|coeff|coefficient|beta|alpha|weight|sca
 _COUNT = re.compile(r"(?i)n|n_\w+|num_\w+|\w*_count|count|\w*_counts|total_\w*|\w*_len|\w*_length|length|"
                     r"\w*tokens|batch_size|bsz|world_size|denom\w*|normalizer|grad_accum\w*|\w*accumulation\w*|"
                     r"\w*_steps")
+
+
+def _shape_read(expr: cst.BaseExpression) -> bool:
+    """``x.shape[i]``, ``x.size(i)``, ``x.numel()``: a size, never negative."""
+    if isinstance(expr, cst.Subscript):
+        return isinstance(expr.value, cst.Attribute) and expr.value.attr.value == "shape"
+    return isinstance(expr, cst.Call) and isinstance(expr.func, cst.Attribute) and \
+        expr.func.attr.value in ("size", "numel") and (expr.func.attr.value == "size" or not expr.args)
 
 
 def _last(expr: cst.BaseExpression) -> str | None:

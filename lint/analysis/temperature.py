@@ -247,8 +247,9 @@ def logits_divisor(ctx: Analysis, expr: cst.BaseExpression, site: cst.CSTNode, d
                     divisor = divisor or a.stmt.value
             for call in inplace_divisions(ctx):
                 f = call.func
-                if dotted_name(f.value) == name \
-                        and call.args and ctx.index.function_scope(call) is ctx.index.function_scope(expr):
+                if dotted_name(f.value) == name and call.args and \
+                        ctx.index.function_scope(call) is ctx.index.function_scope(expr) and \
+                        not in_other_branch(ctx, call, site):
                     divisor = divisor or call.args[0].value
             plain = [a for a in plain_reaching(ctx, name, expr)] if name else []
             if len(plain) > 1 and all(p.value is not None for p in plain) and len(plain) <= 4:
@@ -262,6 +263,23 @@ def logits_divisor(ctx: Analysis, expr: cst.BaseExpression, site: cst.CSTNode, d
         else:
             return False, None
     return False, None
+
+
+def in_other_branch(ctx: Analysis, a: cst.CSTNode, b: cst.CSTNode) -> bool:
+    """Whether ``a`` and ``b`` lie in different arms of one ``if``/``else``: alternative paths, so that neither
+    runs before the other (an in-place ``z.div_(t)`` in one arm does not scale the ``z`` of the other)."""
+    arm_of_b = {}
+    child, node = b, ctx.index.parent.get(id(b))
+    while node is not None:
+        if isinstance(node, cst.If):
+            arm_of_b[id(node)] = child is node.body
+        child, node = node, ctx.index.parent.get(id(node))
+    child, node = a, ctx.index.parent.get(id(a))
+    while node is not None:
+        if isinstance(node, cst.If) and id(node) in arm_of_b and child is not node.test:
+            return arm_of_b[id(node)] != (child is node.body)
+        child, node = node, ctx.index.parent.get(id(node))
+    return False
 
 
 def is_model_call(ctx: Analysis, call: cst.Call) -> bool:

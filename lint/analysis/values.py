@@ -221,6 +221,9 @@ class Trace(Generic[V]):
             return self.entry_of_def(d, key[len(d.key):], frame)
         if d.kind == "assign":
             if d.element is None:
+                grown = list_growth(self.a, d)
+                if grown:  # `xs = []` filled by `xs.append(v)`: the list holds what was appended
+                    return facet.join([self.value(x, frame) for x in grown])
                 return self.value(d.value, frame)
             return self.element_of(d.value, d.element, frame)
         if d.kind == "param":
@@ -441,3 +444,45 @@ def _first_entry(rest: str) -> tuple[str, str]:
 
 
 __all__ = ["Facet", "Frame", "Trace", "bind_arguments", "dotted_name"]
+
+
+# ----- lists filled after they are bound -----------------------------------------------------------------------------
+_GROWING = {"append": 0, "insert": 1, "extend": 0}
+
+
+def _empty_list(expr: cst.BaseExpression | None) -> bool:
+    if isinstance(expr, cst.List):
+        return not expr.elements
+    return isinstance(expr, cst.Call) and not expr.args and dotted_name(expr.func) == "list"
+
+
+def list_growth(a: "Analysis", d: Def) -> list[cst.BaseExpression]:
+    """The values put into the empty list bound by ``d`` (``xs = []``) in its own function: the argument of each
+    ``xs.append(v)`` / ``xs.insert(i, v)``, the iterable of ``xs.extend(vs)``, where ``d`` reaches ``xs``. A list
+    built in a loop (``all_logps.append(logps)`` then ``torch.cat(all_logps)``) carries what went into it."""
+    if not _empty_list(d.value):
+        return []
+    calls = a.facet("list_growth", _growth_calls).get(d.key)
+    if not calls:
+        return []
+    index = a.index
+    scope = index.function_scope(d.stmt).node
+    return [value for recv, value in calls
+            if index.function_scope(recv).node is scope and any(r is d for r in a.flow.reaching(d.key, recv))]
+
+
+def _growth_calls(a: "Analysis") -> dict[str, list[tuple[cst.BaseExpression, cst.BaseExpression]]]:
+    """key -> (receiver, value put in) for every ``key.append(v)`` / ``insert`` / ``extend`` call of the module."""
+    found: dict[str, list[tuple[cst.BaseExpression, cst.BaseExpression]]] = {}
+    for call in a.nodes(cst.Call):
+        func = call.func
+        if type(func) is not cst.Attribute:
+            continue
+        position = _GROWING.get(func.attr.value)
+        if position is None or len(call.args) != position + 1 or call.args[position].keyword is not None \
+                or call.args[position].star:
+            continue
+        key = key_of(func.value)
+        if key is not None:
+            found.setdefault(key, []).append((func.value, call.args[position].value))
+    return found

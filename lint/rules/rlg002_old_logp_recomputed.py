@@ -210,6 +210,28 @@ class OldLogpRecomputed(Rule):
               "        one_round(policy, optim, prompts, judge)\n",
               "the helper the loop calls generates a fresh rollout itself: old log-probs are once per rollout",
               capability="C5", style="functional"),
+        Valid("class Trainer:\n"
+              "    def logps(self, model, ids):\n"
+              "        out = []\n"
+              "        for i in range(0, ids.size(0), 4):\n"
+              "            z = model(ids[i:i + 4]).logits[:, :-1]\n"
+              "            out.append(torch.log_softmax(z, -1).gather(-1, ids[i:i + 4, 1:, None]).squeeze(-1))\n"
+              "        return torch.cat(out)\n"
+              "\n"
+              "    def step(self, ids, adv, old_lp):\n"
+              "        for start in range(0, ids.size(0), 8):\n"
+              "            mb = slice(start, start + 8)\n"
+              "            rl = self.logps(self.ref_model, ids[mb])\n"
+              "            lp = self.logps(self.model, ids[mb])\n"
+              "            ratio = torch.exp(lp - old_lp[mb])\n"
+              "            kl = torch.exp(rl - lp) - (rl - lp) - 1\n"
+              "            loss = (-ratio * adv[mb, None] + 0.04 * kl).mean()\n"
+              "            loss.backward()\n"
+              "            self.opt.step()\n"
+              "            self.opt.zero_grad()\n",
+              "exp(ref - logp) inside the loop is the k3 KL between the reference and the policy, two models: "
+              "the live log-probs on its right are the current ones, not recomputed old ones", capability="C2",
+              style="class"),
     ]
     INVALID = [
         Invalid("for epoch in range(ppo_epochs):\n"
@@ -388,10 +410,21 @@ def _used_as_old_logp(ctx: Analysis) -> set[tuple[int, str]]:
         add(value, call)
     for call, cur, old in ratio_terms(ctx):
         current = prov.value(cur)
+        if _other_models(current, prov.value(old)):
+            continue  # exp(ref - logp): the k3 KL estimator between two models, not a PPO ratio
         if any(o.kind == FORWARD and o.grad is not False for o in current) or any(
                 ctx.names.is_role(n, "logp") for n in _names_of(cur)):
             add(old, call)
     return used
+
+
+def _other_models(current, other) -> bool:
+    """Both sides of ``exp(a - b)`` are forwards of models, and no model runs on both sides: a log-ratio between
+    two models (a KL estimator), where a PPO ratio compares one policy at two times."""
+    def roots(origins):
+        return {root for o in origins if o.kind == FORWARD and o.model is not None for root in o.model.roots}
+    a, b = roots(current), roots(other)
+    return bool(a) and bool(b) and a.isdisjoint(b)
 
 
 def _names_of(expr: cst.BaseExpression) -> list[str]:

@@ -207,8 +207,33 @@ class DetachedTargets(Rule):
               "        adv = batch['returns'] - v\n"
               "        return adv\n",
               "the rebinding v = f(v) detaches the critic's values", capability="C1", style="framework"),
+        Valid("def update(policy, critic, obs, actions, rewards, old_logp, gamma=0.99):\n"
+              "    values = critic(obs).squeeze(-1).detach()\n"
+              "    rev = []\n"
+              "    last = 0.0\n"
+              "    for t in reversed(range(rewards.size(1))):\n"
+              "        last = rewards[:, t] + gamma * last - values[:, t]\n"
+              "        rev.append(last)\n"
+              "    adv = torch.stack(rev[::-1], dim=1)\n"
+              "    ratio = torch.exp(policy(obs).log_prob(actions) - old_logp)\n"
+              "    loss = -torch.min(ratio * adv, torch.clamp(ratio, 0.8, 1.2) * adv).mean()\n"
+              "    loss.backward()\n",
+              "advantages accumulated in a list from detached values", capability="C1", style="functional"),
     ]
     INVALID = [
+        Invalid("def update(policy, critic, obs, actions, rewards, old_logp, gamma=0.99):\n"
+                "    values = critic(obs).squeeze(-1)\n"
+                "    rev = []\n"
+                "    last = 0.0\n"
+                "    for t in reversed(range(rewards.size(1))):\n"
+                "        last = rewards[:, t] + gamma * last - values[:, t]\n"
+                "        rev.append(last)\n"
+                "    adv = torch.stack(rev[::-1], dim=1)\n"
+                "    ratio = torch.exp(policy(obs).log_prob(actions) - old_logp)\n"
+                "    loss = -torch.min(ratio * adv, torch.clamp(ratio, 0.8, 1.2) * adv).mean()\n"
+                "    loss.backward()\n", line=8,
+                why="a GAE loop appends each step's advantage to a list: the list carries the critic's live "
+                    "values, and the stacked advantages weigh the PPO clip", capability="C1", style="functional"),
         Invalid("old_logp = compute_logp(model, ids)\n", line=1,
                 fixed="old_logp = compute_logp(model, ids).detach()\n", preview=True),
         Invalid("values = self.critic(obs).squeeze(-1)\n"

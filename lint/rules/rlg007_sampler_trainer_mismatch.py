@@ -13,7 +13,7 @@ from rlguard.lint.analysis.alignment import gather_site, gather_sites
 from rlguard.lint.analysis.grad import grad_context
 from rlguard.lint.analysis.semantics import argument, literal_bool
 from rlguard.lint.analysis.temperature import (TEMPERATURE_WORD, all_assignments, applies_temperature, autocast_region,
-                                               gathered_logp, is_model_call, logits_divisor,
+                                               gathered_logp, in_other_branch, is_model_call, logits_divisor,
                                                is_sampling_call, key_name, loss_inputs, model_call_of, model_role,
                                                plain_reaching, temperature_expr, upcast)
 from rlguard.lint.rule import Invalid, Rule, Valid, Violation
@@ -66,6 +66,10 @@ class SamplerTrainerMismatch(Rule):
       scored;
     - a caller passes a temperature positionally into a log-prob helper's parameter that is not one (the
       helper's `cu_seqlens` slot), and the helper never divides its logits;
+    - a function takes the sampling temperature as a parameter (`def logps(model, ids, temperature)`) and
+      computes log-probs, but never divides by it nor hands it on: every read is a guard (`if temperature !=
+      1.0:`), an assertion, an error message or a log line; or one branch divides its model's logits by the
+      parameter and the other branch scores its logits undivided;
     - a method computes log-probs at an optional temperature parameter that falls back to 1
       (`temperature or 1.0`, default `None`) that no call in the module passes, while its class holds the
       configured temperature (`self.temperature`) and trains with it.
@@ -373,6 +377,27 @@ class SamplerTrainerMismatch(Rule):
               '        (-(ratio * adv).mean()).backward()\n',
               "both distributions built from logits divided by 0.8",
               capability="C12", style="class"),
+        Valid("def token_logps(model, ids, temperature=1.0):\n"
+              "    z = model(ids).logits[:, :-1] / temperature\n"
+              "    return torch.log_softmax(z, -1).gather(-1, ids[:, 1:, None]).squeeze(-1)\n",
+              "the temperature parameter divides the logits", capability="C12", style="functional"),
+        Valid("def token_logps(model, ids, temperature=None):\n"
+              "    if temperature is None:\n"
+              "        temperature = 1.0\n"
+              "    return logprobs_from_logits(model(ids).logits[:, :-1], ids[:, 1:], temperature=temperature)\n",
+              "the temperature parameter is handed to the log-prob helper", capability="C12", style="functional"),
+        Valid("class Actor:\n"
+              "    def micro(self, batch, temperature, packed):\n"
+              "        if packed:\n"
+              "            z = self.actor_module(batch['packed_ids']).logits.squeeze(0)\n"
+              "            z.div_(temperature)\n"
+              "            lp = logprobs_from_logits(z, batch['packed_labels'])\n"
+              "        else:\n"
+              "            z = self.actor_module(batch['ids']).logits[:, :-1]\n"
+              "            z.div_(temperature)\n"
+              "            lp = logprobs_from_logits(z, batch['ids'][:, 1:])\n"
+              "        return lp\n",
+              "both paths divide their logits by the temperature", capability="C12", style="class"),
     ]
     INVALID = [
         Invalid("SAMPLER_TEMP = 0.7\nTRAIN_TEMP = 1.0\n"
@@ -611,6 +636,25 @@ class SamplerTrainerMismatch(Rule):
                 '        (-(ratio * adv).mean()).backward()\n',
                 line=8, why="actions sampled from Categorical(logits / 0.8), trained on the raw Categorical",
                 capability="C12", style="class"),
+        Invalid("def token_logps(model, ids, temperature=1.0):\n"
+                "    if temperature <= 0:\n"
+                "        raise ValueError(temperature)\n"
+                "    z = model(ids).logits[:, :-1]\n"
+                "    return torch.log_softmax(z, -1).gather(-1, ids[:, 1:, None]).squeeze(-1)\n", line=5,
+                why="the function takes the sampling temperature and checks it, but its log-probs never see it",
+                capability="C12", style="functional"),
+        Invalid("class Actor:\n"
+                "    def micro(self, batch, temperature, packed):\n"
+                "        if packed:\n"
+                "            z = self.actor_module(batch['packed_ids']).logits.squeeze(0)\n"
+                "            z.div_(temperature)\n"
+                "            lp = logprobs_from_logits(z, batch['packed_labels'])\n"
+                "        else:\n"
+                "            z = self.actor_module(batch['ids']).logits[:, :-1]\n"
+                "            lp = logprobs_from_logits(z, batch['ids'][:, 1:])\n"
+                "        return lp\n", line=9,
+                why="the packed path divides its logits by the temperature, the padded path does not",
+                capability="C12", style="class"),
     ]
 
     def check(self, ctx: Analysis) -> Iterator[Violation]:
@@ -640,6 +684,7 @@ class SamplerTrainerMismatch(Rule):
         yield from _engine_logprobs_mode(ctx)
         yield from _logp_divided(ctx)
         yield from _guarded_scaling(ctx, reported)
+        yield from _unapplied_parameter(ctx, reported)
         known = [(c, e, v) for c, e, v in sampler_temps if v is not None]
         if not known or not _old_logp_from_sampler(ctx):
             return
@@ -1136,6 +1181,113 @@ def _fallback_param(ctx: Analysis, expr: cst.BaseExpression) -> str | None:
             and _resolve(ctx, default) != 1.0:
         return None
     return name.value
+
+
+LOGP_COMPUTATION = re.compile(r"(?i)\w*log_?softmax\w*|\w*(log_?probs?|logps?)\w*|log_prob")
+# what a temperature read that does not scale anything sits in: a guard, an assertion, a report
+_REPORTING_CALL = re.compile(r"(?i)print|warn(ing)?|info|debug|error|exception|critical|log|format|add_scalars?")
+
+
+def _unapplied_parameter(ctx: Analysis, reported: set[int]):
+    """A function that takes a sampling temperature as a parameter (its interface says so) and computes
+    log-probs, but never divides by it nor hands it on: every read of the parameter is a guard (``if temperature
+    != 1.0:``), an assertion or a report. Its log-probs are at temperature 1 whatever its callers pass (the
+    division dropped, or lost from the branch that kept the guard)."""
+    for func in ctx.nodes(cst.FunctionDef):
+        params = [p.name.value for p in (*func.params.posonly_params, *func.params.params, *func.params.kwonly_params)
+                  if TEMPERATURE_WORD.fullmatch(p.name.value) and not p.name.value.endswith("s")]
+        if not params:
+            continue
+        calls = ctx.index.descendants(func.body, cst.Call)
+        if any(dotted_name(c.func) in ("locals", "vars") for c in calls):
+            continue
+        sites = [c for c in calls if _computes_logp(ctx, c)]
+        if not sites:
+            continue
+        names = ctx.index.descendants(func.body, cst.Name)
+        for param in params:
+            reads = [n for n in names if n.value == param]
+            if any(not _inert_read(ctx, n, func) for n in reads):
+                site = _undivided_sibling(ctx, sites, param)
+                if site is not None and id(site) not in reported:
+                    reported.add(id(site))
+                    yield Violation(site, f"these log-probs come from a model's logits not divided by `{param}`, "
+                                          f"while another path of `{func.name.value}` divides its logits by it: "
+                                          "one branch scores at temperature 1; divide these logits too")
+                continue
+            site = sites[0]
+            if id(site) in reported:
+                continue
+            reported.add(id(site))
+            yield Violation(site, f"`{func.name.value}` takes the sampling temperature `{param}` but never divides "
+                                  "the logits by it, so these log-probs are at temperature 1 whatever the caller "
+                                  f"passes; divide the logits by `{param}` before the log-softmax")
+            break
+
+
+def _undivided_sibling(ctx: Analysis, sites: list[cst.Call], param: str) -> cst.Call | None:
+    """Of the log-prob sites of one function, one whose logits come from a model call undivided while another
+    site's logits, also from a model call, are divided by the temperature parameter ``param``."""
+    traced = []
+    for site in sites:
+        logits = _logits_of(ctx, site)
+        if logits is None:
+            continue
+        reached, divisor = logits_divisor(ctx, logits, site)
+        if reached:
+            traced.append((site, divisor))
+    divided = [site for site, d in traced if d is not None and dotted_name(d) == param]
+    return next((site for site, d in traced if d is None and any(in_other_branch(ctx, site, x) for x in divided)),
+                None)
+
+
+def _logits_of(ctx: Analysis, call: cst.Call) -> cst.BaseExpression | None:
+    if isinstance(call.func, cst.Attribute) and call.func.attr.value in ("log_softmax", "log_prob") and \
+            not ctx.is_module_function(call) and not (ctx.call_name(call) or "").startswith("torch."):
+        return call.func.value
+    value = argument(call, 0, "logits")
+    return value if value is not None else argument(call, None, "input")
+
+
+def _computes_logp(ctx: Analysis, call: cst.Call) -> bool:
+    name = ctx.call_name(call) or dotted_name(call.func) or ""
+    last = name.rsplit(".", 1)[-1]
+    if not last and isinstance(call.func, cst.Attribute):
+        last = call.func.attr.value
+    return bool(last) and not is_sampling_call(call) and (
+        LOGP_COMPUTATION.fullmatch(last) is not None or name in CROSS_ENTROPY_NAMES)
+
+
+CROSS_ENTROPY_NAMES = frozenset({"torch.nn.functional.cross_entropy", "torch.nn.functional.nll_loss", "cross_entropy"})
+
+
+def _inert_read(ctx: Analysis, name: cst.Name, func: cst.FunctionDef) -> bool:
+    """A read that scales nothing: part of a comparison or a truth test of an ``if``/``assert``/conditional, or
+    an argument of a print/logging call or f-string."""
+    node: cst.CSTNode = name
+    parent = ctx.index.parent.get(id(node))
+    if isinstance(parent, (cst.AssignTarget, cst.AnnAssign)) and parent.target is node:
+        return True  # rebound (`if temperature is None: temperature = cfg.temperature`): not a read
+    if isinstance(parent, cst.Attribute) and parent.attr is node or isinstance(parent, cst.Arg) and \
+            parent.keyword is node or isinstance(parent, cst.Param):
+        return True  # `cfg.temperature`, `f(temperature=...)`, a nested function's own parameter: other names
+    while parent is not None and parent is not func:
+        if isinstance(parent, (cst.Comparison, cst.Assert, cst.FormattedString)):
+            return True
+        if isinstance(parent, (cst.If, cst.While)) and node is parent.test:
+            return True
+        if isinstance(parent, cst.IfExp) and node is parent.test:
+            return True
+        if isinstance(parent, cst.BooleanOperation) or isinstance(parent, cst.UnaryOperation) and isinstance(
+                parent.operator, cst.Not):
+            node, parent = parent, ctx.index.parent.get(id(parent))
+            continue
+        if isinstance(parent, cst.Arg):
+            owner = ctx.index.parent.get(id(parent))
+            last = (dotted_name(owner.func) or "").rsplit(".", 1)[-1] if isinstance(owner, cst.Call) else ""
+            return bool(_REPORTING_CALL.fullmatch(last) or re.fullmatch(r"[A-Z]\w*(Error|Exception|Warning)", last))
+        return False
+    return True
 
 
 def _fallback(ctx: Analysis, reported: set[int]):

@@ -12,6 +12,7 @@ from rlguard.lint.analysis import Analysis
 from rlguard.lint.analysis import semantics as S
 from rlguard.lint.analysis.index import children
 from rlguard.lint.analysis.provenance import Tup, models, objects
+from rlguard.lint.analysis.roles import interface_names
 from rlguard.lint.analysis.reference import constant_routings, policy_reference_outputs, unused_selections
 from rlguard.lint.rule import Invalid, Rule, Valid, Violation
 
@@ -203,8 +204,24 @@ class ReferenceAlias(Rule):
               "        return ref_lp\n",
               "a constant flag in a module whose adapter is not optional (no branch on it)",
               capability="C11", style="framework"),
+        Valid("def main(path, lr):\n"
+              "    model = AutoModelForCausalLM.from_pretrained(path)\n"
+              "    r = AutoModelForCausalLM.from_pretrained(path)\n"
+              "    r.requires_grad_(False)\n"
+              "    opt = torch.optim.AdamW(model.parameters(), lr=lr)\n"
+              "    GRPOTrainer(model=model, ref_model=r, optimizer=opt).train()\n",
+              "the reference is loaded a second time: its own object", capability="C2", style="script"),
     ]
     INVALID = [
+        Invalid("def main(path, lr):\n"
+                "    model = AutoModelForCausalLM.from_pretrained(path)\n"
+                "    r = model\n"
+                "    for p in r.parameters():\n"
+                "        p.requires_grad = False\n"
+                "    opt = torch.optim.AdamW(model.parameters(), lr=lr)\n"
+                "    GRPOTrainer(model=model, ref_model=r, optimizer=opt).train()\n", line=3,
+                why="handed on as ref_model=, and bound to the very object the optimizer trains (which the loop "
+                    "then freezes)", capability="C2", style="script"),
         Invalid("ref_model = model\n", line=1, preview=True),
         Invalid("class Trainer:\n    def __init__(self, model):\n        self.model = model\n"
                 "        self.ref_model = self.model\n", line=4, preview=True),
@@ -317,7 +334,8 @@ class ReferenceAlias(Rule):
         # 1. a reference bound to the policy
         for stmt in ctx.nodes(cst.Assign, cst.AnnAssign):
             for d in ctx.index.stmt_defs.get(id(stmt), ()):
-                if d.kind != "assign" or d.value is None or not names.is_role(_bare(d.key), "ref_model"):
+                if d.kind != "assign" or d.value is None or not (
+                        names.is_role(_bare(d.key), "ref_model") or _reference_by_interface(ctx, d)):
                     continue
                 value = d.value if d.element is None else _element(d.value, d.element)
                 if value is None:
@@ -420,6 +438,12 @@ def _element(value: cst.BaseExpression, position: int) -> cst.BaseExpression | N
     return None
 
 
+def _reference_by_interface(ctx: Analysis, d) -> bool:
+    """Whether the model bound by ``d`` is handed on as the reference (``Trainer(ref_model=r)``, a parameter or
+    string key named for it): its role by the interface it meets, which renaming the variable does not change."""
+    return any(ctx.names.is_role(name, "ref_model") for name in interface_names(ctx, d))
+
+
 def _aliasing(ctx: Analysis, model_of, value, found):
     """("alias", value) when every root of the reference is the policy's own object, ("copy", call) for a
     shallow copy of it, ("peft", call) for its PEFT base; None otherwise (a new object, or no telling)."""
@@ -433,6 +457,11 @@ def _aliasing(ctx: Analysis, model_of, value, found):
             node = objects(ctx).facet.calls.get(next(iter(found)).node_id)
             return (next(iter(kinds)), node) if node is not None else None
         return None
+    if isinstance(value, (cst.Name, cst.Attribute)) and "new" in kinds and \
+            frozenset(o.key for o in found) <= model_of.trained_roots():
+        # `ref_model = model` where `model` is the object whose parameters the optimizer trains: the same
+        # object, however it was built
+        return "alias", value
     if kinds & {"new", "opaque", "copy", "peft"}:
         return None
     ref = model_of.model(value)

@@ -69,7 +69,7 @@ class LogitsLabelShift(Rule):
 
     code = LOGITS_LABEL_SHIFT
     triggers = (r"logits", r"\.gather\(|cross_entropy|nll_loss|\.log_prob\(|take_along_dim|CrossEntropyLoss|NLLLoss"
-                r"|get_at\(|log_?probs?_(?:from|of)_|selective_log_softmax|logps?_from")
+                r"|get_at\(|log_?probs?_(?:from|of)_|selective_log_softmax|logps?_from|log_softmax_and_gather")
 
     VALID = [
         Valid("logits = model(ids).logits\n"
@@ -155,8 +155,24 @@ class LogitsLabelShift(Rule):
               "    return chunked_logps(model(ids).logits[:, :-1], ids[:, 1:])\n",
               "the helper cuts the same running window from both: the caller already paired them",
               capability="C7", style="functional"),
+        Valid("def forward_for_logprobs(model, ids, attention_mask, pad_id):\n"
+              "    output = model(input_ids=ids, attention_mask=attention_mask)\n"
+              "    logits = getattr(output, 'logits', output)[:, :-1]\n"
+              "    labels = ids[:, 1:].clone()\n"
+              "    labels[labels == pad_id] = 0\n"
+              "    return log_softmax_and_gather(logits, labels)\n",
+              "a model output's logits read with getattr, shifted against the next tokens", capability="C12",
+              style="functional"),
     ]
     INVALID = [
+        Invalid("def forward_for_logprobs(model, ids, attention_mask, pad_id):\n"
+                "    output = model(input_ids=ids, attention_mask=attention_mask)\n"
+                "    logits = getattr(output, 'logits', output)\n"
+                "    labels = ids.clone()\n"
+                "    labels[labels == pad_id] = 0\n"
+                "    return model_utils.log_softmax_and_gather(logits, labels)\n", line=6,
+                why="getattr(output, 'logits', output) reads the model's logits; each position is scored against its "
+                    "own input token", capability="C12", style="functional"),
         Invalid("logits = model(ids).logits\n"
                 "logp = logits.log_softmax(-1).gather(-1, ids.unsqueeze(-1)).squeeze(-1)\n", line=2,
                 why="no shift"),
