@@ -110,7 +110,7 @@ class ObjectFacet(Facet):
             return frozenset(Obj("copy", o.key, o.names, id(call)) for o in inner)
         if name in S.DEEP_COPY or S.NEW_MODEL_CALLS.fullmatch(name) or S.NEW_MODEL_CALLS.fullmatch(last):
             self.calls[id(call)] = call
-            return frozenset({Obj("new", f"new@{id(call)}", (S.product_name(last),), id(call))})
+            return frozenset({Obj("new", _made(call, frame, "new"), (S.product_name(last),), id(call))})
         if method == "get_base_model" and recv is not None:
             self.calls[id(call)] = call
             inner = trace.value(recv, frame)
@@ -128,7 +128,7 @@ class ObjectFacet(Facet):
             return helper
         self.calls[id(call)] = call
         if isinstance(call.func, cst.Name) and a.class_named(call.func.value) is not None:
-            return frozenset({Obj("new", f"new@{id(call)}", (call.func.value,), id(call))})
+            return frozenset({Obj("new", _made(call, frame, "new"), (call.func.value,), id(call))})
         summary = a.summary_of_call(call)
         if summary is not None:
             returned = summary.returned_argument()
@@ -137,8 +137,8 @@ class ObjectFacet(Facet):
                 if arg is not None:
                     return trace.value(arg, frame)
             if summary.returns_new:
-                return frozenset({Obj("new", f"new@{id(call)}", (S.product_name(last),), id(call))})
-        return frozenset({Obj("opaque", f"call@{id(call)}", (S.product_name(last),) if last else (), id(call))})
+                return frozenset({Obj("new", _made(call, frame, "new"), (S.product_name(last),), id(call))})
+        return frozenset({Obj("opaque", _made(call, frame, "call"), (S.product_name(last),) if last else (), id(call))})
 
     def leaf(self, trace, expr, frame):
         name = key_of(expr) or ""
@@ -201,6 +201,13 @@ class ObjectFacet(Facet):
     def _inside(self, func, node_id: int) -> bool:
         node = self.calls.get(node_id)
         return node is not None and self.a.contains(func, node)
+
+
+def _made(call: cst.Call, frame, kind: str) -> str:
+    """The identity of the object a call makes: the call, and the helper frame it runs in (a helper called twice,
+    ``init_model(cfg)`` for the policy and again for the reference, makes two objects, however its result is
+    unpacked)."""
+    return f"{kind}@{id(call)}" if frame is None else f"{kind}@{id(call)}#{id(frame)}"
 
 
 def _last(expr: cst.BaseExpression) -> str | None:

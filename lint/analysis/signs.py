@@ -379,7 +379,7 @@ _COEF = re.compile(r"(?i)(\w*_)?(coef|coeff|coefficient|beta|alpha|lambda|lam|sc
 _COEF_WORD = re.compile(r"(?i)(^|_)(coef|coeff|coefficient|beta|alpha|weight|scale|factor)(_|$)")
 _COUNT = re.compile(r"(?i)n|n_\w+|num_\w+|\w*_count|count|\w*_counts|total_\w*|\w*_len|\w*_length|length|"
                     r"\w*tokens|batch_size|bsz|world_size|denom\w*|normalizer|grad_accum\w*|\w*accumulation\w*|"
-                    r"\w*_steps")
+                    r"\w*_steps|\w*_size|size")
 
 
 def _shape_read(expr: cst.BaseExpression) -> bool:

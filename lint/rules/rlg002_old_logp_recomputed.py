@@ -234,6 +234,23 @@ class OldLogpRecomputed(Rule):
               style="class"),
     ]
     INVALID = [
+        Invalid("def token_logps(model, ids):\n"
+                "    z = model(ids).logits[:, :-1]\n"
+                "    return torch.log_softmax(z, -1).gather(-1, ids[:, 1:, None]).squeeze(-1)\n"
+                "\n"
+                "\n"
+                "def update(model, opt, batches, epochs):\n"
+                "    for _ in range(epochs):\n"
+                "        for ids, adv in batches:\n"
+                "            prev = token_logps(model, ids)\n"
+                "            cur = token_logps(model, ids)\n"
+                "            ratio = torch.exp(cur - prev.detach())\n"
+                "            loss = -torch.min(ratio * adv, ratio.clamp(0.8, 1.2) * adv).mean()\n"
+                "            opt.zero_grad()\n"
+                "            loss.backward()\n"
+                "            opt.step()\n", line=9,
+                why="the old side of the ratio is detached where it is used; its value is still recomputed from "
+                    "the current weights in the minibatch loop", capability="C2", style="functional"),
         Invalid("for epoch in range(ppo_epochs):\n"
                 "    for mb in batch.split(mb_size):\n"
                 "        with torch.no_grad():\n"
@@ -402,6 +419,9 @@ def _used_as_old_logp(ctx: Analysis) -> set[tuple[int, str]]:
     prov = provenance(ctx)
 
     def add(expr: cst.BaseExpression, at: cst.CSTNode) -> None:
+        while isinstance(expr, cst.Call) and isinstance(expr.func, cst.Attribute) and not expr.args and \
+                expr.func.attr.value in ("detach", "clone", "float", "contiguous"):
+            expr = expr.func.value  # `exp(new - old.detach())`: the old values are `old`'s
         key = key_of(expr)
         if key is not None:
             used.add((id(ctx.index.function_scope(at).node), key))

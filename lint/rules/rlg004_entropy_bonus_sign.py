@@ -167,6 +167,18 @@ class EntropyBonusSign(Rule):
               style="framework"),
     ]
     INVALID = [
+        Invalid("class PolicyTrainer(FSDPModule):\n"
+                "    def train_step(self, batch, n_tokens):\n"
+                "        logits = self.model(batch[\"input_ids\"]).logits[:, :-1]\n"
+                "        logp = torch.log_softmax(logits, -1).gather(-1, batch[\"input_ids\"][:, 1:, None]).squeeze(-1)\n"
+                "        ent = entropy_from_logits(logits)\n"
+                "        pg = -(torch.exp(logp - batch[\"old_logprobs\"]) * batch[\"advantages\"]).sum() / n_tokens * self.fsdp_size\n"
+                "        ent_mean = ent.sum() / n_tokens * self.fsdp_size\n"
+                "        loss = pg + self.module_args.entropy_coef * ent_mean\n"
+                "        loss.backward()\n", line=8,
+                why="every term is scaled by a size the base class sets (self.fsdp_size, defined in another file): "
+                    "a size is positive, so the entropy still enters the minimised loss with a + sign",
+                capability="C6", style="class"),
         Invalid("loss = pg_loss + ent_coef * entropy.mean()\n", line=1,
                 fixed="loss = pg_loss - ent_coef * entropy.mean()\n", preview=True),
         Invalid("loss = loss + ENTROPY_COEF * entropy_bonus(logits, mask)\n", line=1,

@@ -211,6 +211,21 @@ class ReferenceAlias(Rule):
               "    opt = torch.optim.AdamW(model.parameters(), lr=lr)\n"
               "    GRPOTrainer(model=model, ref_model=r, optimizer=opt).train()\n",
               "the reference is loaded a second time: its own object", capability="C2", style="script"),
+        Valid("def init_model(cfg, device='cpu'):\n"
+              "    model = MiniMindForCausalLM(cfg)\n"
+              "    return model.to(device), Tok(cfg)\n"
+              "\n"
+              "def train(epoch, ref_model):\n"
+              "    pass\n"
+              "\n"
+              "def main(cfg, lr):\n"
+              "    model, tok = init_model(cfg)\n"
+              "    v1, _ = init_model(cfg)\n"
+              "    v1 = v1.eval().requires_grad_(False)\n"
+              "    opt = torch.optim.AdamW(model.parameters(), lr=lr)\n"
+              "    train(0, v1)\n",
+              "a factory called twice builds two models: the one handed on as the reference is not the one the "
+              "optimizer trains", capability="C1", style="script"),
     ]
     INVALID = [
         Invalid("def main(path, lr):\n"
@@ -464,6 +479,9 @@ def _aliasing(ctx: Analysis, model_of, value, found):
         return "alias", value
     if kinds & {"new", "opaque", "copy", "peft"}:
         return None
+    roots = frozenset(o.key for o in found)
+    if all(k.startswith(("new@", "call@")) for k in roots) and not roots & model_of.trained_roots():
+        return None  # an element of what a factory call built (`ref, _ = init_model(cfg)`): an object of its own
     ref = model_of.model(value)
     if ref is None or ref.role != "policy":
         return None

@@ -307,6 +307,14 @@ class KlSign(Rule):
                 "    (loss * f).backward()\n", line=18,
                 why="the loss is scaled by a quotient of a batch size and a config field (positive either way), "
                     "so the KL subtracted inside it is still subtracted", capability="C6", style="class"),
+        Invalid("def apply_kl_penalty(data, kl_ctrl):\n"
+                "    scores = data.batch[\"token_level_scores\"]\n"
+                "    m = data.batch[\"response_mask\"]\n"
+                "    k = compute_kl(data.batch[\"old_log_probs\"], data.batch[\"ref_log_probs\"], kl_penalty=\"kl\") * m\n"
+                "    data.batch[\"token_level_rewards\"] = scores + kl_ctrl.kl_coef * k\n"
+                "    return data\n", line=5,
+                why="stored straight under the batch's rewards key: the KL penalty is added to the reward",
+                capability="C3", style="framework"),
         Invalid("import argparse\n"
                 "parser = argparse.ArgumentParser()\n"
                 "parser.add_argument('--kl-coef', type=float, default=0.05)\n"
@@ -338,13 +346,19 @@ def _reward_terms(ctx: Analysis) -> Iterator[Violation]:
 
     for stmt in ctx.nodes(cst.Assign, cst.AugAssign):
         for d in ctx.index.stmt_defs.get(id(stmt), ()):
-            if d.kind not in ("assign", "aug") or d.element is not None or "[" in d.key:
+            if d.kind not in ("assign", "aug") or d.element is not None:
                 continue
-            bare = d.key.rsplit(".", 1)[-1]
-            kl_part = KL_REWARD_NAME.fullmatch(bare) is not None
-            if IMPLICIT_REWARD_NAME.fullmatch(bare) or not (
-                    kl_part or ctx.names.is_role(bare, "rewards") or _reward_by_interface(ctx, d)):
-                continue
+            if "[" in d.key:
+                # `data.batch["token_level_rewards"] = scores - beta * kl`: stored under a key named for rewards
+                if not _reward_key(d.key):
+                    continue
+                bare, kl_part = d.key, False
+            else:
+                bare = d.key.rsplit(".", 1)[-1]
+                kl_part = KL_REWARD_NAME.fullmatch(bare) is not None
+                if IMPLICIT_REWARD_NAME.fullmatch(bare) or not (
+                        kl_part or ctx.names.is_role(bare, "rewards") or _reward_by_interface(ctx, d)):
+                    continue
             value = stmt.value
             if isinstance(stmt, cst.AugAssign) and not isinstance(stmt.operator, (cst.AddAssign, cst.SubtractAssign)):
                 continue
@@ -376,10 +390,21 @@ _REWARD_INTERFACE = re.compile(r"(?i)(\w+_)?rewards?(_\w+)?")
 _NOT_A_REWARD = re.compile(r"(?i)model|fn|func|name|weight|coef|scale|std|mean|norm|ids?$|mask|type|kwargs|config")
 
 
+def _reward_key(key: str) -> bool:
+    """A key path whose last entry is a string key named for rewards (``batch['token_level_rewards']``)."""
+    if not key.endswith("']"):
+        return False
+    entry = key[key.rindex("['") + 2:-2]
+    return _REWARD_INTERFACE.fullmatch(entry) is not None and not _NOT_A_REWARD.search(entry)
+
+
 def _reward_by_interface(ctx: Analysis, d) -> bool:
-    """Whether the shaped value is a reward by the interface it meets, not by its variable's name: it is handed
-    to a keyword, parameter or string key named for rewards, or returned by a function named for them (a local
-    name alone makes the finding a preview one: renaming the variable must not change a stable finding)."""
+    """Whether the shaped value is a reward by the interface it meets, not by its variable's name: it is stored
+    under, or handed to, a string key, keyword or parameter named for rewards, or returned by a function named
+    for them (a local name alone makes the finding a preview one: renaming the variable must not change a stable
+    finding)."""
+    if "[" in d.key:
+        return _reward_key(d.key)
     if any(_REWARD_INTERFACE.fullmatch(name) and not _NOT_A_REWARD.search(name)
            for name in interface_names(ctx, d)):
         return True

@@ -300,8 +300,29 @@ class GradNotZeroed(Rule):
               "        sched.step()\n",
               "no backward between the steps: there are no gradients to accumulate", capability="FP",
               style="script"),
+        Valid("def train(model, opt, loader):\n"
+              "    for batch in loader:\n"
+              "        opt.zero_grad()\n"
+              "        for i, mb in enumerate(batch):\n"
+              "            model(mb).mean().backward()\n"
+              "            if i == len(batch) - 1:\n"
+              "                opt.step()\n",
+              "one gated step per inner loop, zeroed in the outer loop", capability="C9", style="script"),
     ]
     INVALID = [
+        Invalid("def train(model, opt, loader, accum):\n"
+                "    n = 0\n"
+                "    for batch in loader:\n"
+                "        for mb in batch:\n"
+                "            model(mb).mean().backward()\n"
+                "            n += 1\n"
+                "            if n % accum == 0:\n"
+                "                opt.step()\n"
+                "        if n % accum != 0:\n"
+                "            opt.step()\n"
+                "            opt.zero_grad()\n", line=8,
+                why="a step every accum microbatches inside the inner loop, zeroed only after it: the inner loop's "
+                    "steps share their gradients", capability="C9", style="script"),
         Invalid("for batch in loader:\n"
                 "    loss = model(batch).mean()\n"
                 "    loss.backward()\n"
@@ -507,9 +528,25 @@ def _zeroed_in_loops(ctx: Analysis, train: Training, call, opt, loops) -> bool:
     inner = loops[0]
     if any(ctx.contains(inner, z.node) and _matches(train, z, opt) for z in zeroing):
         return True
-    conditional = any(isinstance(a, cst.If) for a in _between(ctx, call, inner))
-    if conditional:
+    gates = [a for a in _between(ctx, call, inner) if isinstance(a, cst.If)]
+    if gates and not any(_periodic(a.test) for a in gates):
+        # a step gated once per inner loop (`if i == len(mbs) - 1:`): zeroing in an outer loop separates the steps;
+        # a periodic gate (`if n % accum == 0:`) fires many times in the inner loop, which must zero itself
         return any(ctx.contains(loop, z.node) and _matches(train, z, opt) for loop in loops[1:] for z in zeroing)
+    return False
+
+
+def _periodic(test: cst.BaseExpression) -> bool:
+    """A condition that holds every N-th time: it compares a remainder (``(i + 1) % accum == 0``)."""
+    stack = [test]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Modulo):
+            return True
+        if isinstance(node, (cst.Comparison, cst.BooleanOperation, cst.UnaryOperation, cst.BinaryOperation)):
+            stack.extend(children(node))
+        elif isinstance(node, cst.ComparisonTarget):
+            stack.append(node.comparator)
     return False
 
 
