@@ -228,10 +228,31 @@ def _libcst_config(target: tuple[int, int] | None) -> cst.PartialParserConfig:
     return cst.PartialParserConfig()
 
 
+_VALIDATION_LOCK = threading.Lock()
+_VALIDATE = cst.CSTNode.__dict__["__post_init__"]
+
+
+def _unvalidated(self) -> None:
+    pass
+
+
+def parse_module(source: str, config: cst.PartialParserConfig | None = None) -> cst.Module:
+    """``libcst.parse_module`` without libcst's per-node validation. Every node libcst constructs runs its
+    ``_validate()`` (about a tenth of a parse); a tree its own parser builds from source is valid by
+    construction, as libcst's comment on ``CSTNode.__post_init__`` says. The check is switched off only while
+    the parser runs, under a lock (nodes built anywhere else, by a fix or a rule, are validated as usual)."""
+    with _VALIDATION_LOCK:
+        cst.CSTNode.__post_init__ = _unvalidated
+        try:
+            return cst.parse_module(source, config) if config is not None else cst.parse_module(source)
+        finally:
+            cst.CSTNode.__post_init__ = _VALIDATE
+
+
 def parse(source: str, path: str, target: tuple[int, int] | None = None) -> tuple[cst.Module | None, Finding | None]:
     """libcst's tree of the source, or the RLG900 finding saying why there is none."""
     try:
-        return cst.parse_module(source, _libcst_config(target)), None
+        return parse_module(source, _libcst_config(target)), None
     except cst.ParserSyntaxError as exc:
         return None, _parse_error(path, f"syntax error (libcst): {exc.message}", exc.raw_line, exc.raw_column + 1)
     except (RecursionError, MemoryError, ValueError) as exc:

@@ -415,3 +415,20 @@ def test_positions_of_flagged_nodes_match_libcsts_provider():
     wanted = nodes[:3000] + [module.body[0], module.body[-1]]
     got = run_deep(node_positions, module, wanted)
     assert {n: got[n] for n in wanted} == {n: expected[n] for n in wanted}
+
+
+def test_unvalidated_parse_keeps_validation_everywhere_else():
+    """The engine parses without libcst's per-node validation (a speed-up); the check is back for every node
+    built afterwards, after a failed parse too, and the tree is the source's."""
+    import libcst as cst
+
+    from rlguard.lint.engine import parse_module
+
+    source = "def f(x):\n    return x[:, 1:] * 2  # kept\n"
+    assert parse_module(source).code == source
+    with pytest.raises(cst.CSTValidationError):
+        cst.Name("")
+    with pytest.raises(cst.ParserSyntaxError):
+        parse_module("def f(:\n")
+    with pytest.raises(cst.CSTValidationError):
+        cst.Name("")

@@ -249,7 +249,10 @@ def target_role_by_use(a: "Analysis", d: Def) -> str | None:
         return found[id(d)]
     role = "advantages" if _reaches(a, d, _clip_weight_reads_by_key(a).get(d.key, ())) else None
     if role is None:
-        for name in interface_names(a, d):
+        def names_a_role(name: str) -> bool:
+            return name not in TOO_GENERIC and any(a.names.is_role(name, r) for r in TARGET_ROLES)
+
+        for name in interface_names(a, d, names_a_role):
             role = next((r for r in TARGET_ROLES if name not in TOO_GENERIC and a.names.is_role(name, r)), None)
             if role is not None:
                 break
@@ -257,12 +260,13 @@ def target_role_by_use(a: "Analysis", d: Def) -> str | None:
     return role
 
 
-def interface_names(a: "Analysis", d: Def) -> list[str]:
+def interface_names(a: "Analysis", d: Def, wanted=None) -> list[str]:
     """The interface names the value bound by ``d`` is handed to: keywords of calls (``rewards=x``), parameters
     of same-module functions it is passed to positionally, string keys it is stored under (``batch["x"] = x``),
-    each for a read that ``d`` reaches. A role read from them survives renaming the variable."""
+    each for a read that ``d`` reaches. A role read from them survives renaming the variable. ``wanted``, a test
+    on the name, keeps only the names a caller asks about (and spares the reaching query for the others)."""
     return [name for read, name in _interface_reads_by_key(a).get(d.key, ())
-            if any(r is d for r in a.flow.reaching(d.key, read))]
+            if (wanted is None or wanted(name)) and any(r is d for r in a.flow.reaching(d.key, read))]
 
 
 def _reaches(a: "Analysis", d: Def, reads) -> bool:

@@ -161,7 +161,9 @@ def _summarise_source(text: str, path: str, module: str, vocabulary) -> dict[str
     from rlguard.lint.analysis import Analysis
 
     try:
-        tree = cst.parse_module(text)
+        from rlguard.lint.engine import parse_module  # the engine's parser (imports this module)
+
+        tree = parse_module(text)
         analysis = Analysis(tree, path, vocabulary, project=None, module_name=module)
         return summarise_module(analysis, module)
     except Exception:  # noqa: BLE001 - a helper file that does not parse or trips the analysis: no summaries

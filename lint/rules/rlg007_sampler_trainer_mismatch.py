@@ -1076,10 +1076,10 @@ def _literal_choice(ctx: Analysis, expr: cst.BaseExpression) -> bool:
 def _sibling(ctx: Analysis, samplers: set[int], reported: set[int]):
     """One trainer path divides the policy's logits by a temperature symbol; another path of the same class (or
     module) scores the same model's logits undivided in a function that applies no temperature at all."""
-    sites = list(_sites(ctx, samplers, no_grad=True))
     scaled = list(_scaled_logits(ctx, samplers))
     if not scaled:
         return
+    sites = list(_sites(ctx, samplers, no_grad=True))
     for site, logits, divisor in sites:
         if divisor is not None or id(site) in reported:
             continue
@@ -1295,8 +1295,10 @@ def _fallback(ctx: Analysis, reported: set[int]):
     loss) computes log-probs at an optional temperature parameter that falls back to 1, and no call in the
     module passes it: the old log-probs are taken at temperature 1."""
     for call in ctx.nodes(cst.Call):
+        if not LOGP_CALL.fullmatch(_callee_name(call) or "") or is_sampling_call(call):
+            continue
         cls = ctx.enclosing_class(call)
-        if cls is None or is_sampling_call(call) or not LOGP_CALL.fullmatch(_callee_name(call) or ""):
+        if cls is None:
             continue
         for arg in call.args:
             if arg.keyword is not None and not TEMPERATURE_WORD.fullmatch(arg.keyword.value):
@@ -1399,6 +1401,8 @@ def _autocast(ctx: Analysis, samplers: set[int], reported: set[int]):
     """The trainer's forward runs under ``torch.autocast`` but its log-softmax is taken after the block, on the
     half-precision logits (autocast would have run it in float32), while the old log-probs it is compared with
     come from the sampler: the ratio is not 1 before any step."""
+    if not any("autocast" in ctx.code(item.item).lower() for w in ctx.nodes(cst.With) for item in w.items):
+        return  # no autocast block in the module
     for site in ctx.nodes(cst.Call):
         func = ctx.enclosing_function(site)
         if id(site) in reported or func is not None and (id(func) in samplers or EVAL_NAME.fullmatch(func.name.value)):

@@ -456,7 +456,7 @@ def _element(value: cst.BaseExpression, position: int) -> cst.BaseExpression | N
 def _reference_by_interface(ctx: Analysis, d) -> bool:
     """Whether the model bound by ``d`` is handed on as the reference (``Trainer(ref_model=r)``, a parameter or
     string key named for it): its role by the interface it meets, which renaming the variable does not change."""
-    return any(ctx.names.is_role(name, "ref_model") for name in interface_names(ctx, d))
+    return bool(interface_names(ctx, d, lambda name: ctx.names.is_role(name, "ref_model")))
 
 
 def _aliasing(ctx: Analysis, model_of, value, found):

@@ -406,7 +406,7 @@ def _reward_by_interface(ctx: Analysis, d) -> bool:
     if "[" in d.key:
         return _reward_key(d.key)
     if any(_REWARD_INTERFACE.fullmatch(name) and not _NOT_A_REWARD.search(name)
-           for name in interface_names(ctx, d)):
+           for name in interface_names(ctx, d, _REWARD_INTERFACE.fullmatch)):
         return True
     func = ctx.enclosing_function(d.stmt)
     if func is None or not ctx.names.is_role(func.name.value, "rewards") and "reward" not in func.name.value.lower():
