@@ -27,7 +27,9 @@ class ReferenceAlias(Rule):
 
     - an alias: `ref_model = model`, `self.ref_model = self.model`, `ref = policy.eval()` (`eval()`, `.to()`,
       `.half()` work in place and return the same module), `ref = accelerator.unwrap_model(model)`, or a helper of
-      the same module that returns its argument (`def make_ref(model): return model`);
+      the same module that returns its argument (`def make_ref(model): return model`); the reference is known by
+      its name or by the interface it is handed to (`GRPOTrainer(model=model, ref_model=r)`), and `r = model` is
+      an alias of the object the optimizer trains however that object was built;
     - a shallow copy: `ref = copy.copy(model)` (the copy's parameters *are* the policy's tensors);
     - `ref = model.get_base_model()` on a PEFT model: LoRA layers are injected in place, so the "base" still runs
       the adapter;

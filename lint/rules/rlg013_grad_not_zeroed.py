@@ -43,7 +43,9 @@ class GradNotZeroed(Rule):
 
     Gradient accumulation is recognised: `zero_grad` right after a conditional step
     (`if (i + 1) % accum == 0: opt.step(); opt.zero_grad()`), or in the enclosing loop when the step sits
-    after (or conditionally inside) the inner microbatch loop. DeepSpeed engines (`engine.step()`, or an
+    after the inner microbatch loop or inside it under a condition that holds once per pass (`if i == n - 1:`);
+    a step under a remainder condition (`if n % accum == 0:`) fires many times in its loop, so that loop must
+    zero the gradients itself. DeepSpeed engines (`engine.step()`, or an
     optimizer returned by `deepspeed.initialize`) zero their own gradients and are not flagged; neither is
     `scheduler.step()` nor `env.step(action)`. An optimizer is known by how it is built (`optim.Adam(...)`,
     `make_optimizer(...)`), whatever its variable is called, or else by its name. A `step(value)` with a
