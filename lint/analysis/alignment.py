@@ -355,8 +355,9 @@ class AlignFacet(Facet):
             if arg is None:
                 return _UNKNOWN
             inp = self.seq(trace).value(arg, frame)
-            if inp is None or inp.kind != ROOT_IDS:
+            if inp is None or inp.kind not in (ROOT_IDS, ROOT_UNKNOWN):
                 return _UNKNOWN
+            # what a model reads is its token ids, whatever the tensor is called (`model(batch_token_ids)`)
             return replace(inp, model=True, kind=ROOT_IDS)
         if method is not None:
             passes = LOGITS_PASS_METHODS if side == "logits" else SEQ_PASS_METHODS

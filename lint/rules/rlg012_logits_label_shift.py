@@ -27,8 +27,8 @@ class LogitsLabelShift(Rule):
     The rule follows names, `self.` attributes, `.logits`/`[0]` of the model output, `log_softmax`,
     `/ temperature`, slices, `F.pad`, `torch.roll` and same-module helpers (with their parameters bound to the
     call's arguments). It reports only when the offset between logits and labels is a known constant other
-    than one, and either both come visibly from the same sequence (`model(ids)` and `ids`) or both are visibly
-    sliced. An unshifted helper such as `def logprobs(logits, labels): ...gather(-1, labels...)` is correct
+    than one, and either both come visibly from the same sequence (`model(ids)` and `ids`: the tensor a model
+    reads is its token ids, whatever it is called) or both are visibly sliced. An unshifted helper such as `def logprobs(logits, labels): ...gather(-1, labels...)` is correct
     on its own (the caller shifts) and is checked at its call sites instead, unless it moves its labels
     parameter itself while keeping its width (a roll, a pad, a cut joined with a constant piece, as packed
     rank-1 helpers do): then it treats logits and labels as one sequence's positions and the labels it builds
@@ -163,8 +163,29 @@ class LogitsLabelShift(Rule):
               "    return log_softmax_and_gather(logits, labels)\n",
               "a model output's logits read with getattr, shifted against the next tokens", capability="C12",
               style="functional"),
+        Valid("def score(ref_model, rollout_engine, prompt_ids, pad_id):\n"
+              "    out = rollout_engine.rollout(prompt_ids=prompt_ids)\n"
+              "    gen = out.samples\n"
+              "    m = (gen != pad_id).long()\n"
+              "    y = gen[:, 1:].clone()\n"
+              "    with torch.no_grad():\n"
+              "        z = ref_model(input_ids=gen, attention_mask=m).logits[:, :-1]\n"
+              "        return F.log_softmax(z, dim=-1).gather(2, y.unsqueeze(-1)).squeeze(-1)\n",
+              "labels cut one token right of the sequence the reference reads, logits cut one left", capability="C2",
+              style="functional"),
     ]
     INVALID = [
+        Invalid("def score(ref_model, rollout_engine, prompt_ids, pad_id):\n"
+                "    out = rollout_engine.rollout(prompt_ids=prompt_ids)\n"
+                "    gen = out.samples\n"
+                "    m = (gen != pad_id).long()\n"
+                "    y = gen.clone()\n"
+                "    with torch.no_grad():\n"
+                "        z = ref_model(input_ids=gen, attention_mask=m).logits[:, :-1]\n"
+                "        return F.log_softmax(z, dim=-1).gather(2, y.unsqueeze(-1)).squeeze(-1)\n", line=8,
+                why="the labels are the very sequence the model reads (token ids by that use, whatever they are "
+                    "called), unshifted, against logits cut at the last position", capability="C2",
+                style="functional"),
         Invalid("def forward_for_logprobs(model, ids, attention_mask, pad_id):\n"
                 "    output = model(input_ids=ids, attention_mask=attention_mask)\n"
                 "    logits = getattr(output, 'logits', output)\n"
@@ -295,8 +316,8 @@ def _judge(ctx: Analysis, site: GatherSite, frame: Frame | None) -> str | None:
     labels = alignment(ctx, "seq").value(site.labels, frame)
     if frame is None and (labels is None or not labels.moved and labels.root != logits.root):
         labels = response_columns(ctx, site.labels, logits, site.node) or labels  # C8: responses, last R columns
-    if labels is None or labels.kind != ROOT_IDS:
-        return None
+    if labels is None or labels.kind != ROOT_IDS and not (logits.model and labels.root == logits.root):
+        return None  # labels are token ids by their name, or by being the very sequence the model reads
     same_sequence = logits.model and logits.root == labels.root
     both_moved = logits.moved and labels.moved
     if not (same_sequence or both_moved or (frame is None and _shifts_its_labels(ctx, site, logits, labels))):
