@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 import libcst as cst
 
 from rlguard.lint.analysis import semantics as S
-from rlguard.lint.analysis.index import Def, key_of
+from rlguard.lint.analysis.index import Def, key_entry, key_of
 from rlguard.lint.analysis.provenance import models
 from rlguard.lint.analysis.values import Facet, Frame, Trace
 
@@ -521,9 +521,8 @@ def _read_name(expr: cst.BaseExpression) -> str | None:
     key = key_of(expr)
     if key is None:
         return None
-    if key.endswith("']"):
-        return key[key.rindex("['") + 2:-2]
-    return key
+    entry = key_entry(key)
+    return entry if entry is not None else key
 
 
 def alignment(a: "Analysis", side: str) -> Trace:

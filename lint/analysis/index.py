@@ -134,6 +134,30 @@ def key_of(expr: cst.CSTNode | None) -> str | None:
     return dotted_name(expr)
 
 
+def key_entry(key: str) -> str | None:
+    """The string key a key path ends in (``batch['mask']`` -> ``mask``), else None."""
+    return key[key.rindex("['") + 2:-2] if key.endswith("']") else None
+
+
+def last_name(key: str) -> str:
+    """The name a key path ends in: its last string key or attribute (``batch['mask']`` -> ``mask``,
+    ``self.cfg.beta`` -> ``beta``)."""
+    entry = key_entry(key)
+    return entry if entry is not None else key.rsplit(".", 1)[-1]
+
+
+def read_name(expr: cst.CSTNode | None) -> str | None:
+    """The name a read ends in: a name, an attribute's last part, a subscript's string key; else None."""
+    if isinstance(expr, cst.Name):
+        return expr.value
+    if isinstance(expr, cst.Attribute):
+        return expr.attr.value
+    if isinstance(expr, cst.Subscript):
+        key = key_of(expr)
+        return key_entry(key) if key else None
+    return None
+
+
 _KEY_BASE = re.compile(r"[^.\[]*")
 
 
@@ -319,6 +343,22 @@ class ModuleIndex:
         while not isinstance(info.node, (cst.FunctionDef, cst.Module)) and info.parent is not None:
             info = info.parent
         return info
+
+    def in_other_branch(self, a: cst.CSTNode, b: cst.CSTNode) -> bool:
+        """Whether ``a`` and ``b`` lie in different arms of one ``if``/``else``: alternative paths, so that neither
+        runs before the other (an in-place ``z.div_(t)`` in one arm does not scale the ``z`` of the other)."""
+        arm_of_b = {}
+        child, node = b, self.parent.get(id(b))
+        while node is not None:
+            if isinstance(node, cst.If):
+                arm_of_b[id(node)] = child is node.body
+            child, node = node, self.parent.get(id(node))
+        child, node = a, self.parent.get(id(a))
+        while node is not None:
+            if isinstance(node, cst.If) and id(node) in arm_of_b and child is not node.test:
+                return arm_of_b[id(node)] != (child is node.body)
+            child, node = node, self.parent.get(id(node))
+        return False
 
     def statement_of(self, node: cst.CSTNode) -> cst.CSTNode:
         """The statement ``node`` belongs to: a small statement, or a compound statement for its header

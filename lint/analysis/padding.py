@@ -30,7 +30,7 @@ import libcst as cst
 
 from rlguard.lint.analysis import semantics as S
 from rlguard.lint.analysis.depends import resolve, same_value, share_data, strip_casts
-from rlguard.lint.analysis.index import Def, dotted_name, key_of
+from rlguard.lint.analysis.index import Def, dotted_name, key_entry, key_of
 from rlguard.lint.analysis.provenance import forwards, models
 from rlguard.lint.analysis.uses import CARRY_METHODS
 from rlguard.lint.analysis.values import Facet, Trace
@@ -248,8 +248,8 @@ def _entry(a: "Analysis", expr: cst.BaseExpression) -> tuple[cst.BaseExpression,
     """``(batch, "k")`` for ``batch["k"]``, ``batch.get("k")``, ``batch.k`` (a non-``self`` container)."""
     if isinstance(expr, cst.Subscript) and len(expr.slice) == 1:
         key = key_of(expr)
-        if key is not None and key.endswith("']"):
-            return expr.value, key[key.rindex("['") + 2:-2]
+        if key is not None and key_entry(key) is not None:
+            return expr.value, key_entry(key)
     if isinstance(expr, cst.Call) and a.method(expr) in ("get", "pop") and expr.args and isinstance(
             expr.args[0].value, cst.SimpleString):
         return S.receiver(expr), expr.args[0].value.evaluated_value

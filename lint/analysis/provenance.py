@@ -28,7 +28,7 @@ import libcst as cst
 
 from rlguard.lint.analysis import semantics as S
 from rlguard.lint.analysis.grad import grad_context
-from rlguard.lint.analysis.index import Def, dotted_name, key_of
+from rlguard.lint.analysis.index import Def, dotted_name, key_of, read_name
 from rlguard.lint.analysis.values import Facet, Frame, Trace
 
 if TYPE_CHECKING:
@@ -89,7 +89,7 @@ class ObjectFacet(Facet):
             named = trace.named(expr, frame)
             if isinstance(named, Tup):
                 return named
-            return self._named(named, _last(expr))
+            return self._named(named, read_name(expr))
         if isinstance(expr, cst.Call):
             return self._call(trace, expr, frame)
         if isinstance(expr, cst.IfExp):
@@ -142,7 +142,7 @@ class ObjectFacet(Facet):
 
     def leaf(self, trace, expr, frame):
         name = key_of(expr) or ""
-        return frozenset({Obj("global", name, (_last(expr) or name,))})
+        return frozenset({Obj("global", name, (read_name(expr) or name,))})
 
     def param(self, trace, d: Def, expr, frame):
         func = d.scope
@@ -208,18 +208,6 @@ def _made(call: cst.Call, frame, kind: str) -> str:
     ``init_model(cfg)`` for the policy and again for the reference, makes two objects, however its result is
     unpacked)."""
     return f"{kind}@{id(call)}" if frame is None else f"{kind}@{id(call)}#{id(frame)}"
-
-
-def _last(expr: cst.BaseExpression) -> str | None:
-    if isinstance(expr, cst.Name):
-        return expr.value
-    if isinstance(expr, cst.Attribute):
-        return expr.attr.value
-    if isinstance(expr, cst.Subscript):
-        key = key_of(expr)
-        if key and key.endswith("']"):
-            return key[key.rindex("['") + 2:-2]
-    return None
 
 
 def objects(a: "Analysis") -> Trace:

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import libcst as cst
 
 from rlguard.lint.analysis import semantics as S
-from rlguard.lint.analysis.index import key_of
+from rlguard.lint.analysis.index import key_of, last_name
 from rlguard.lint.analysis.provenance import forwards, models
 
 _REF_WORD = re.compile(r"(?i)(^|_)(ref|reference)(_|$)")
@@ -234,7 +234,7 @@ def policy_reference_outputs(ctx) -> list[PolicyReferenceOutput]:
         key = key_of(stmt.targets[0].target)
         if key is None:
             continue
-        name = key[key.rindex("['") + 2:-2] if key.endswith("']") else key.rsplit(".", 1)[-1]
+        name = last_name(key)
         if not (ctx.names.is_role(name, "ref_logp") or REF_OUTPUT.fullmatch(name)):
             continue
         func = ctx.enclosing_function(stmt)

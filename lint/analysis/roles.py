@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 import libcst as cst
 
 from rlguard.lint.analysis import semantics as S
-from rlguard.lint.analysis.index import Def, dotted_name, key_of, simple_string_value
+from rlguard.lint.analysis.index import Def, dotted_name, key_of, last_name, simple_string_value
 
 if TYPE_CHECKING:
     from rlguard.lint.analysis import Analysis
@@ -53,7 +53,7 @@ def names_along(a: "Analysis", expr: cst.BaseExpression, depth: int = 6) -> list
         key = key_of(expr)
         if key is None:
             break
-        out.append(key[key.rindex("['") + 2:-2] if key.endswith("']") else key.rsplit(".", 1)[-1])
+        out.append(last_name(key))
         defs = a.flow.reaching(key, expr)
         if len(defs) != 1 or defs[0].kind != "assign" or defs[0].value is None or defs[0].element is not None:
             break
@@ -274,22 +274,22 @@ def _reaches(a: "Analysis", d: Def, reads) -> bool:
 
 
 def _clip_weight_reads_by_key(a: "Analysis") -> dict[str, list[cst.BaseExpression]]:
-    def build(an):
-        grouped: dict[str, list[cst.BaseExpression]] = {}
-        for read in _clip_weight_reads(an):
-            grouped.setdefault(key_of(read), []).append(read)
-        return grouped
-    return a.facet("clip_weight_reads_by_key", build)
+    return _by_flow_key(a, "clip_weight_reads_by_key", _clip_weight_reads, lambda read: read)
 
 
 def _interface_reads_by_key(a: "Analysis") -> dict[str, list[tuple[cst.BaseExpression, str]]]:
-    """:func:`_interface_reads` grouped by the flow key of the read (each target asks for its own key only)."""
+    return _by_flow_key(a, "interface_reads_by_key", _interface_reads, lambda item: item[0])
+
+
+def _by_flow_key(a: "Analysis", facet: str, items, read_of) -> dict:
+    """A per-module list of reads (``items(a)``) grouped by the flow key of each read (``read_of(item)``): a
+    target asks about its own key only, not every read of the module."""
     def build(an):
-        grouped: dict[str, list[tuple[cst.BaseExpression, str]]] = {}
-        for read, name in _interface_reads(an):
-            grouped.setdefault(key_of(read), []).append((read, name))
+        grouped: dict = {}
+        for item in items(an):
+            grouped.setdefault(key_of(read_of(item)), []).append(item)
         return grouped
-    return a.facet("interface_reads_by_key", build)
+    return a.facet(facet, build)
 
 
 def _interface_reads(a: "Analysis") -> list[tuple[cst.BaseExpression, str]]:

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING
 import libcst as cst
 
 from rlguard.lint.analysis import semantics as S
-from rlguard.lint.analysis.index import Def, key_base, key_of
+from rlguard.lint.analysis.index import Def, key_base, key_entry, key_of
 from rlguard.lint.analysis.provenance import models
 from rlguard.lint.analysis.values import Facet, Trace
 
@@ -189,8 +189,8 @@ class RowFacet(Facet):
             if isinstance(expr, cst.Attribute) and expr.attr.value in _DATA_ATTRS:
                 return SCALAR
             found = trace.named(expr, frame)
-            if found is None and isinstance(expr, cst.Subscript) and key.endswith("']"):
-                found = self.item(trace, trace.value(expr.value, frame), key[key.rindex("['") + 2:-2])
+            if found is None and isinstance(expr, cst.Subscript) and key_entry(key) is not None:
+                found = self.item(trace, trace.value(expr.value, frame), key_entry(key))
             elif found is None or (isinstance(expr, cst.Attribute) and _is_rows(found) and not found.derived):
                 found = MAYBE  # `cfg.temperature`, `batch.n`: an attribute read off a parameter or a global
             return found

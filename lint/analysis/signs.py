@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Callable
 import libcst as cst
 
 from rlguard.lint.analysis import semantics as S
-from rlguard.lint.analysis.index import key_of
+from rlguard.lint.analysis.index import key_of, read_name
 from rlguard.lint.analysis.roles import is_mask_by_use
 from rlguard.lint.analysis.values import Frame
 
@@ -263,7 +263,7 @@ class Signs:
             # `m[idx]`: a row selection of a scaling scales like it
             return self.scale(expr.value, frame, depth - 1) if depth > 0 else None
         if isinstance(expr, (cst.Name, cst.Attribute, cst.Subscript)):
-            name = _last(expr)
+            name = read_name(expr)
             if name is None:
                 return None
             if vocab.is_role(name, "mask"):
@@ -297,7 +297,7 @@ class Signs:
                 inner = recv
                 while isinstance(inner, cst.Call) and self.a.method(inner) in ("sum", "float", "clamp", "clamp_min"):
                     inner = S.receiver(inner)
-                name = _last(inner) if inner is not None else None
+                name = read_name(inner) if inner is not None else None
                 if name is not None and (vocab.is_role(name, "mask") or _COUNT.fullmatch(name)):
                     return 1  # a token count
                 if method in ("item", "detach", "float", "sum", "clamp", "clamp_min") and depth > 0 and \
@@ -388,18 +388,6 @@ def _shape_read(expr: cst.BaseExpression) -> bool:
         return isinstance(expr.value, cst.Attribute) and expr.value.attr.value == "shape"
     return isinstance(expr, cst.Call) and isinstance(expr.func, cst.Attribute) and \
         expr.func.attr.value in ("size", "numel") and (expr.func.attr.value == "size" or not expr.args)
-
-
-def _last(expr: cst.BaseExpression) -> str | None:
-    if isinstance(expr, cst.Name):
-        return expr.value
-    if isinstance(expr, cst.Attribute):
-        return expr.attr.value
-    if isinstance(expr, cst.Subscript):
-        key = key_of(expr)
-        if key and key.endswith("']"):
-            return key[key.rindex("['") + 2:-2]
-    return None
 
 
 def negate(terms: list[Term]) -> list[Term]:

@@ -249,7 +249,7 @@ def logits_divisor(ctx: Analysis, expr: cst.BaseExpression, site: cst.CSTNode, d
                 f = call.func
                 if dotted_name(f.value) == name and call.args and \
                         ctx.index.function_scope(call) is ctx.index.function_scope(expr) and \
-                        not in_other_branch(ctx, call, site):
+                        not ctx.index.in_other_branch(call, site):
                     divisor = divisor or call.args[0].value
             plain = [a for a in plain_reaching(ctx, name, expr)] if name else []
             if len(plain) > 1 and all(p.value is not None for p in plain) and len(plain) <= 4:
@@ -263,23 +263,6 @@ def logits_divisor(ctx: Analysis, expr: cst.BaseExpression, site: cst.CSTNode, d
         else:
             return False, None
     return False, None
-
-
-def in_other_branch(ctx: Analysis, a: cst.CSTNode, b: cst.CSTNode) -> bool:
-    """Whether ``a`` and ``b`` lie in different arms of one ``if``/``else``: alternative paths, so that neither
-    runs before the other (an in-place ``z.div_(t)`` in one arm does not scale the ``z`` of the other)."""
-    arm_of_b = {}
-    child, node = b, ctx.index.parent.get(id(b))
-    while node is not None:
-        if isinstance(node, cst.If):
-            arm_of_b[id(node)] = child is node.body
-        child, node = node, ctx.index.parent.get(id(node))
-    child, node = a, ctx.index.parent.get(id(a))
-    while node is not None:
-        if isinstance(node, cst.If) and id(node) in arm_of_b and child is not node.test:
-            return arm_of_b[id(node)] != (child is node.body)
-        child, node = node, ctx.index.parent.get(id(node))
-    return False
 
 
 def is_model_call(ctx: Analysis, call: cst.Call) -> bool:
@@ -308,12 +291,13 @@ def all_assignments(ctx: Analysis, key: str, at: cst.CSTNode):
 
 
 def key_name(expr: cst.BaseExpression) -> str | None:
-    from rlguard.lint.analysis.index import key_of
+    from rlguard.lint.analysis.index import key_entry, key_of
 
     key = key_of(expr)
     if key is None:
         return None
-    return key[key.rindex("['") + 2:-2] if key.endswith("']") else key
+    entry = key_entry(key)
+    return entry if entry is not None else key
 
 
 def model_role(ctx: Analysis, expr: cst.BaseExpression, depth: int = 10):

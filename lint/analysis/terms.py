@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 import libcst as cst
 
 from rlguard.lint.analysis import semantics as S
-from rlguard.lint.analysis.index import key_of
+from rlguard.lint.analysis.index import key_of, last_name
 from rlguard.lint.analysis.infoforms import forms
 from rlguard.lint.analysis.provenance import FORWARD, provenance
 from rlguard.lint.analysis.signs import factors, signs
@@ -55,11 +55,7 @@ class Quantities:
         if isinstance(expr, cst.Call):
             return S.called_name(expr)
         key = key_of(expr)
-        if key is None:
-            return None
-        if key.endswith("']"):
-            return key[key.rindex("['") + 2:-2]
-        return key.rsplit(".", 1)[-1]
+        return last_name(key) if key is not None else None
 
     def _excluded(self, name: str | None) -> bool:
         vocab = self.a.names

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Iterator
 
 import libcst as cst
 
-from rlguard.lint.analysis.index import Def, key_of
+from rlguard.lint.analysis.index import Def, key_of, last_name
 
 if TYPE_CHECKING:
     from rlguard.lint.analysis import Analysis
@@ -154,7 +154,7 @@ def _consumers(a: "Analysis", expr: cst.BaseExpression, depth: int, names: tuple
                 if key is None or not defs or depth <= 0:
                     yield Use("bound", parent, node, None, names)
                     continue
-                bare = key[key.rindex("['") + 2:-2] if key.endswith("']") else key.rsplit(".", 1)[-1]
+                bare = last_name(key)
                 for read in reads_of(a, defs[0]):
                     yield from _consumers(a, read, depth - 1, names + (bare,), seen)
             return
@@ -227,7 +227,7 @@ def _slices_only(sub: cst.Subscript) -> bool:
 
 def def_consumers(a: "Analysis", d: Def, depth: int = 4) -> list[Use]:
     """Where the value bound by ``d`` goes: the consumers of each of its reads."""
-    bare = d.key[d.key.rindex("['") + 2:-2] if d.key.endswith("']") else d.key.rsplit(".", 1)[-1]
+    bare = last_name(d.key)
     found: list[Use] = []
     seen: set[int] = set()
     for read in reads_of(a, d):

@@ -11,7 +11,7 @@ import libcst as cst
 from rlguard.catalog import ADVANTAGE_SIGN
 from rlguard.lint.analysis import Analysis
 from rlguard.lint.analysis import semantics as S
-from rlguard.lint.analysis.index import key_of
+from rlguard.lint.analysis.index import key_of, last_name
 from rlguard.lint.analysis.losses import losses, start, top_terms
 from rlguard.lint.analysis.roles import is_clip_weight, ratio_terms
 from rlguard.lint.analysis.signs import factors, min_max_kind, signs
@@ -401,11 +401,7 @@ SIGN_DEPTH_ADV = 8
 
 def _name_of(expr) -> str | None:
     key = key_of(expr)
-    if key is None:
-        return None
-    if key.endswith("']"):
-        return key[key.rindex("['") + 2:-2]
-    return key.rsplit(".", 1)[-1]
+    return last_name(key) if key is not None else None
 
 
 def _advantage_assignments(ctx: Analysis):

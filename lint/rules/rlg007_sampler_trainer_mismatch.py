@@ -11,9 +11,9 @@ from rlguard.catalog import SAMPLER_TRAINER_MISMATCH
 from rlguard.lint.analysis import Analysis, dotted_name
 from rlguard.lint.analysis.alignment import gather_site, gather_sites
 from rlguard.lint.analysis.grad import grad_context
-from rlguard.lint.analysis.semantics import argument, literal_bool
+from rlguard.lint.analysis.semantics import CROSS_ENTROPY, argument, literal_bool
 from rlguard.lint.analysis.temperature import (TEMPERATURE_WORD, all_assignments, applies_temperature, autocast_region,
-                                               gathered_logp, in_other_branch, is_model_call, logits_divisor,
+                                               gathered_logp, is_model_call, logits_divisor,
                                                is_sampling_call, key_name, loss_inputs, model_call_of, model_role,
                                                plain_reaching, temperature_expr, upcast)
 from rlguard.lint.rule import Invalid, Rule, Valid, Violation
@@ -1237,8 +1237,8 @@ def _undivided_sibling(ctx: Analysis, sites: list[cst.Call], param: str) -> cst.
         if reached:
             traced.append((site, divisor))
     divided = [site for site, d in traced if d is not None and dotted_name(d) == param]
-    return next((site for site, d in traced if d is None and any(in_other_branch(ctx, site, x) for x in divided)),
-                None)
+    return next((site for site, d in traced
+                 if d is None and any(ctx.index.in_other_branch(site, x) for x in divided)), None)
 
 
 def _logits_of(ctx: Analysis, call: cst.Call) -> cst.BaseExpression | None:
@@ -1255,10 +1255,7 @@ def _computes_logp(ctx: Analysis, call: cst.Call) -> bool:
     if not last and isinstance(call.func, cst.Attribute):
         last = call.func.attr.value
     return bool(last) and not is_sampling_call(call) and (
-        LOGP_COMPUTATION.fullmatch(last) is not None or name in CROSS_ENTROPY_NAMES)
-
-
-CROSS_ENTROPY_NAMES = frozenset({"torch.nn.functional.cross_entropy", "torch.nn.functional.nll_loss", "cross_entropy"})
+        LOGP_COMPUTATION.fullmatch(last) is not None or name in CROSS_ENTROPY or name == "cross_entropy")
 
 
 def _inert_read(ctx: Analysis, name: cst.Name, func: cst.FunctionDef) -> bool:

@@ -9,7 +9,7 @@ import libcst as cst
 from rlguard.catalog import LENGTH_BIAS
 from rlguard.lint.analysis import Analysis
 from rlguard.lint.analysis import semantics as S
-from rlguard.lint.analysis.index import key_of
+from rlguard.lint.analysis.index import key_of, last_name
 from rlguard.lint.analysis.labels import branch_label, token_aggregation
 from rlguard.lint.analysis.losses import losses
 from rlguard.lint.analysis.signs import signs
@@ -309,7 +309,7 @@ class _Aggregation:
         key = key_of(expr)
         name = None
         if key is not None:
-            name = key[key.rindex("['") + 2:-2] if key.endswith("']") else key.rsplit(".", 1)[-1]
+            name = last_name(key)
         if name is not None and self.ctx.names.is_role(name, "mask"):
             return True
         return isinstance(expr, cst.Comparison)

@@ -9,7 +9,7 @@ import libcst as cst
 
 from rlguard.catalog import KL_SIGN
 from rlguard.lint.analysis import Analysis
-from rlguard.lint.analysis.index import key_of
+from rlguard.lint.analysis.index import key_entry, key_of
 from rlguard.lint.analysis.roles import interface_names
 from rlguard.lint.analysis.losses import flip, top_terms
 from rlguard.lint.analysis.signs import factors, signs
@@ -392,10 +392,8 @@ _NOT_A_REWARD = re.compile(r"(?i)model|fn|func|name|weight|coef|scale|std|mean|n
 
 def _reward_key(key: str) -> bool:
     """A key path whose last entry is a string key named for rewards (``batch['token_level_rewards']``)."""
-    if not key.endswith("']"):
-        return False
-    entry = key[key.rindex("['") + 2:-2]
-    return _REWARD_INTERFACE.fullmatch(entry) is not None and not _NOT_A_REWARD.search(entry)
+    entry = key_entry(key)
+    return entry is not None and _REWARD_INTERFACE.fullmatch(entry) is not None and not _NOT_A_REWARD.search(entry)
 
 
 def _reward_by_interface(ctx: Analysis, d) -> bool:
