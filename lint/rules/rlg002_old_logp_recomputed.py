@@ -26,8 +26,10 @@ class OldLogpRecomputed(Rule):
     `optimizer.step()`, even under `torch.no_grad()`. A value counts as old log-probs when it is named so
     (`old_logp`, `old_log_probs`, `behavior_logp`, ...) or used as such: passed as the `old_logp`/
     `old_log_probs` argument (by keyword, or positionally to a same-module function whose parameter is so
-    named) or subtracted from the current log-probs in `(logp - x).exp()`, or stored under such a key of a
-    record (`mb["old_log_probs"] = logp_of(policy, mb)`). A helper with no loop of its own counts as inside
+    named) or subtracted from the current log-probs in `(logp - x).exp()` (also when detached there,
+    `exp(logp - x.detach())`), or stored under such a key of a record (`mb["old_log_probs"] = logp_of(policy,
+    mb)`). `exp(a - b)` between the forwards of two different models (the k3 KL `exp(ref - logp)`) is a KL
+    estimator, not a PPO ratio, and makes no old log-probs. A helper with no loop of its own counts as inside
     the update loop when every call of it in the module is, directly or through a few levels of callers
     (`loss_of()` calls `_behaviour_logp()`, and only the minibatch loop calls `loss_of()`); a helper with no
     call in the module (framework entry code) is left alone.

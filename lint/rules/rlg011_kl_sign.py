@@ -90,7 +90,8 @@ class KlSign(Rule):
 
     PREVIEW_PARTS = ("a loss known only by the name of the local variable that holds it (`loss = ...` with no backward, loss function or optimising caller in view)",
                      "a KL added to a reward known only by its variable's name (stable when the shaped value meets a "
-                     "rewards keyword, parameter or string key, or is what a rewards function returns)")
+                     "rewards keyword, parameter or string key, is stored under one (`batch['token_level_rewards'] "
+                     "= ...`), or is what a rewards function returns)")
     VALID = [
         Valid("loss = pg_loss + kl_coef * kl\n", "the penalty is added to the loss"),
         Valid("loss = pg_loss\nloss += beta * kl_loss\n", "augmented assignment"),
