@@ -42,6 +42,7 @@ def check_main(argv: list[str]) -> int:
 
     group = _init_distributed(args.backend, args.dist_timeout)
     rank = group[0] if group else 0
+    ranks_in_step = False  # every rank finished the suite: they can leave the group together
     try:
         if args.trl is not None:
             try:
@@ -70,6 +71,7 @@ def check_main(argv: list[str]) -> int:
             if rank == 0:
                 print(f"rlguard check: the trainer could not be built or run: {exc}", file=sys.stderr)
             return EXIT_SKIP
+        ranks_in_step = True
         if rank == 0:  # the report is the same on every rank: printed and written once
             print(table(report))
             if args.out:
@@ -84,6 +86,10 @@ def check_main(argv: list[str]) -> int:
         if group and group[2]:
             import torch.distributed as dist
 
+            if ranks_in_step:
+                # A rank that tears its gloo connections down while another still writes the report can abort
+                # the other at exit ("terminate called without an active exception", SIGABRT): leave together.
+                dist.barrier()
             dist.destroy_process_group()
 
 
