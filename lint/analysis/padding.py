@@ -49,6 +49,8 @@ LAYOUT_KEYWORDS = frozenset({"cu_seqlens", "cu_seq_lens", "cu_seqlens_q", "cu_se
                              "cu_seq_lens_k", "packed_seq_params", "seq_lens", "seqlens", "seq_lengths",
                              "max_seqlen", "attention_bias", "attn_bias", "segment_ids", "sequence_ids",
                              "document_ids", "block_mask"})
+# Masks of another input of a multimodal forward (``pixel_attention_mask``): they say nothing about the text rows.
+OTHER_INPUT_MASK = ("pixel_", "image_", "video_", "audio_", "vision_", "speech_")
 _ALL_ONES = frozenset({"torch.ones", "torch.ones_like", "torch.full", "torch.full_like", "numpy.ones",
                        "numpy.ones_like"})
 
@@ -171,9 +173,11 @@ def eos_valued(a: "Analysis", expr: cst.BaseExpression) -> bool:
 
 
 # ----- forwards and their attention masks ------------------------------------------------------------------------
-def model_forward_ids(a: "Analysis", call: cst.Call) -> cst.BaseExpression | None:
+def model_forward_ids(a: "Analysis", call: cst.Call, of_forward: bool = False) -> cst.BaseExpression | None:
     """The token ids of a model forward (``model(ids)``, ``self.policy(input_ids=ids)``, ``model.forward(ids)``), or
-    None when ``call`` is no model forward (``generate``, a method of a model that is not its forward, a helper)."""
+    None when ``call`` is no model forward (``generate``, a method of a model that is not its forward, a helper).
+    A tensor that comes out of another model call (hidden states for a value head, or the ids a ``generate``-like
+    call returned) is left out unless ``of_forward``: then the caller proves it is token ids by how it is used."""
     func = call.func
     if isinstance(func, cst.Attribute) and func.attr.value in ("forward", "__call__"):
         target = func.value
@@ -190,16 +194,130 @@ def model_forward_ids(a: "Analysis", call: cst.Call) -> cst.BaseExpression | Non
     if models(a).model(target) is None:
         return None
     ids = S.argument(call, 0, "input_ids")
-    if ids is None or forwards(a, ids):
+    if ids is None:
+        ids = _splat_entry(a, call, "input_ids")
+    if ids is None or (not of_forward and forwards(a, ids)):
         return None  # hidden states or logits of another forward (a value head on them): no token ids
     return ids
+
+
+def _splat_entry(a: "Analysis", call: cst.Call, key: str) -> cst.BaseExpression | None:
+    """The value a ``**d`` argument of ``call`` hands on under ``key``, when ``d``'s one definition is a dict
+    literal holding it (``inputs = {"input_ids": ids, ...}; model(**inputs)``)."""
+    for arg in call.args:
+        if arg.star != "**" or not isinstance(arg.value, cst.Name):
+            continue
+        defs = a.flow.reaching(arg.value.value, arg.value)
+        if len(defs) == 1 and defs[0].kind == "assign" and isinstance(defs[0].value, cst.Dict):
+            for el in defs[0].value.elements:
+                if isinstance(el, cst.DictElement) and isinstance(el.key, cst.SimpleString) and \
+                        el.key.evaluated_value == key:
+                    return el.value
+    return None
+
+
+def masked_sibling(a: "Analysis", call: cst.Call, ids: cst.BaseExpression) -> tuple[cst.Call, cst.BaseExpression] | None:
+    """``(forward, mask)``: another model forward (or any call: the keyword says what it is) of the same function
+    on the same ids that is handed ``attention_mask=mask``, where ``mask`` holds at ``call`` the value it holds there (``model(ids,
+    attention_mask=m)`` for the policy, ``ref(ids)`` for the reference). That forward shows that these ids need
+    their mask, whatever else the mask is used for. A forward on the other arm of an if (a packed and an unpacked
+    path) is no sibling. None when there is none."""
+    func = a.enclosing_function(call)
+    for other in a.index.descendants(func, cst.Call) if func is not None else ():
+        if other is call or a.index.in_other_branch(call, other) or a.contains(other, call) or \
+                a.contains(call, other):
+            continue
+        mask = next((arg.value for arg in other.args if arg.keyword is not None and
+                     arg.keyword.value == "attention_mask"), None)
+        if mask is None or (isinstance(mask, cst.Name) and mask.value == "None"):
+            continue
+        # a call handed ``attention_mask=`` beside the ids is a forward of them by that interface, whatever it is
+        other_ids = model_forward_ids(a, other, of_forward=True) or S.argument(other, 0, "input_ids")
+        if other_ids is None or not same_value(a, other_ids, ids) or not _holds_at(a, mask, other, call):
+            continue
+        return other, mask
+    return None
+
+
+def _holds_at(a: "Analysis", expr: cst.BaseExpression, there: cst.CSTNode, here: cst.CSTNode) -> bool:
+    """Whether the key path ``expr`` reads at ``there`` is reached at ``here`` by the same definitions."""
+    key = key_of(strip_casts(a, expr))
+    if key is None:
+        return False
+    defs = {id(d) for d in a.flow.reaching(key, there)}
+    return bool(defs) and defs == {id(d) for d in a.flow.reaching(key, here)}
+
+
+def splat_keys(a: "Analysis", call: cst.Call) -> frozenset[str] | None:
+    """The keys the ``**d`` arguments of ``call`` hand on, when every one is a local dict the function builds with
+    constant keys only (a literal or ``dict(k=v)``, then ``d["k"] = v`` and ``d.update(k=v)``), and ``d`` is used
+    for nothing else; None when a splat's keys cannot be known (a parameter, a dict filled elsewhere)."""
+    keys: set[str] = set()
+    func = a.enclosing_function(call)
+    for arg in call.args:
+        if arg.star != "**":
+            continue
+        if func is None or not isinstance(arg.value, cst.Name):
+            return None
+        name = arg.value.value
+        defs = a.flow.reaching(name, arg.value)
+        if not defs or any(d.kind != "assign" or d.element is not None or d.value is None for d in defs):
+            return None
+        for d in defs:
+            entries = _constant_keys(d.value)
+            if entries is None:
+                return None
+            keys |= entries
+        for read in a.index.descendants(func, cst.Name):
+            if read.value != name or read is arg.value:
+                continue
+            stored = _stored_key(a, read)
+            if stored is False:
+                return None
+            keys |= stored
+    return frozenset(keys)
+
+
+def _constant_keys(expr: cst.BaseExpression) -> set[str] | None:
+    if isinstance(expr, cst.Dict):
+        out = set()
+        for el in expr.elements:
+            if not isinstance(el, cst.DictElement) or not isinstance(el.key, cst.SimpleString):
+                return None
+            out.add(el.key.evaluated_value)
+        return out
+    if isinstance(expr, cst.Call) and isinstance(expr.func, cst.Name) and expr.func.value == "dict" and all(
+            arg.keyword is not None for arg in expr.args):
+        return {arg.keyword.value for arg in expr.args}
+    return None
+
+
+def _stored_key(a: "Analysis", name: cst.Name) -> "set[str] | bool":
+    """What one more mention of a splatted dict does: the keys it stores (``d["k"] = v``, ``d.update(k=v)``), an
+    empty set for its binding or a read of one entry, False for anything that may add unknown keys."""
+    parent = a.index.parent_of(name)
+    if isinstance(parent, cst.AssignTarget) or (isinstance(parent, cst.Assign) and name in [
+            t.target for t in parent.targets]):
+        return set()
+    if isinstance(parent, cst.Subscript) and parent.value is name and len(parent.slice) == 1 and isinstance(
+            parent.slice[0].slice, cst.Index) and isinstance(parent.slice[0].slice.value, cst.SimpleString):
+        return {parent.slice[0].slice.value.evaluated_value}  # a store adds the key, a read is harmless
+    if isinstance(parent, cst.Attribute) and parent.value is name:
+        call = a.index.parent_of(parent)
+        if parent.attr.value in ("get", "keys", "items", "values", "pop") and isinstance(call, cst.Call):
+            return set()
+        if parent.attr.value == "update" and isinstance(call, cst.Call) and call.func is parent and all(
+                arg.keyword is not None for arg in call.args):
+            return {arg.keyword.value for arg in call.args}
+    return False
 
 
 @dataclass(frozen=True)
 class MaskCandidate:
     """An attention mask a function builds: bound by ``d``; ``kind`` says how it is one (``pad``: a pad comparison
     of the forward's ids; ``batch``: the ``attention_mask`` entry of the batch the ids come from; ``block``: a
-    pairwise mask of packed rows; ``named``: a local so named, computed from the ids' data)."""
+    pairwise mask of packed rows; ``named``: a local so named, computed from the ids' data; ``param``: a parameter
+    named for the attention mask of the token-id parameter the ids are rows of)."""
 
     d: Def
     kind: str
@@ -218,12 +336,33 @@ def attention_masks(a: "Analysis", ids: cst.BaseExpression) -> list[MaskCandidat
         if "." in key or "[" in key:
             continue
         for d in defs:
+            if d.kind == "param" and ATTENTION_MASK_NAME.fullmatch(key) and not key.lower().startswith(
+                    OTHER_INPUT_MASK) and _from_parameter(a, ids, d):
+                # the function is handed the attention mask of the ids it is handed: its interface says so
+                found.append(MaskCandidate(d, "param"))
+                continue
             if d.kind != "assign" or d.element is not None or d.value is None or a.index.order[id(d.stmt)] > order:
                 continue
             kind = _mask_kind(a, key, d.value, ids)
             if kind is not None:
                 found.append(MaskCandidate(d, kind))
     return found
+
+
+def _from_parameter(a: "Analysis", ids: cst.BaseExpression, mask_param: Def) -> bool:
+    """Whether ``ids`` are rows of another parameter of their function (``input_ids``, sliced or cast), named
+    for token ids: then a parameter named for their attention mask is theirs."""
+    root = ids
+    while True:
+        root = strip_casts(a, resolve(a, root))
+        if isinstance(root, cst.Subscript) and key_of(root) is None:
+            root = root.value
+            continue
+        break
+    if not isinstance(root, cst.Name) or not re.fullmatch(r"(?i)(\w+_)?(input_)?ids", root.value):
+        return False
+    defs = a.flow.reaching(root.value, root)
+    return len(defs) == 1 and defs[0].kind == "param" and defs[0] is not mask_param
 
 
 def _mask_kind(a: "Analysis", key: str, value: cst.BaseExpression, ids: cst.BaseExpression) -> str | None:
@@ -363,6 +502,6 @@ def pad_labels_ignored(a: "Analysis") -> list[PadLabels]:
     return a.facet("pad_labels_ignored", build)
 
 
-__all__ = ["ATTENTION_MASK_NAME", "LAYOUT_KEYWORDS", "MaskCandidate", "PadLabels", "attention_masks", "eos_valued",
-           "is_ignore_index", "is_pad_named", "model_forward_ids", "pad_comparison", "pad_labels_ignored",
+__all__ = ["ATTENTION_MASK_NAME", "LAYOUT_KEYWORDS", "MaskCandidate", "OTHER_INPUT_MASK", "PadLabels", "attention_masks", "eos_valued",
+           "is_ignore_index", "is_pad_named", "masked_sibling", "model_forward_ids", "pad_comparison", "splat_keys", "pad_labels_ignored",
            "pad_set_to_eos", "pad_settings"]

@@ -8,7 +8,9 @@ import libcst as cst
 
 from rlguard.catalog import PADDING_LEAK
 from rlguard.lint.analysis import Analysis
-from rlguard.lint.analysis.padding import LAYOUT_KEYWORDS, MaskCandidate, attention_masks, model_forward_ids
+from rlguard.lint.analysis.padding import (LAYOUT_KEYWORDS, OTHER_INPUT_MASK, MaskCandidate, attention_masks, masked_sibling,
+                                          model_forward_ids, splat_keys)
+from rlguard.lint.analysis.provenance import forwards
 from rlguard.lint.analysis.uses import Use, def_consumers
 from rlguard.lint.rule import Invalid, Rule, Valid, Violation
 
@@ -142,6 +144,39 @@ class PaddingLeak(Rule):
               "    attention_mask = (ids != pad_id).long()\n"
               "    return {'input_ids': ids, 'attention_mask': attention_mask}\n",
               "a collator builds the mask and hands it on: no forward", capability="C3", style="framework"),
+        Valid("def score(model, ids, pos, mask, packed):\n"
+              "    if packed:\n"
+              "        out = model(ids, position_ids=pos)\n"
+              "    else:\n"
+              "        out = model(ids, attention_mask=mask, position_ids=pos)\n"
+              "    return out.logits * mask[..., None]\n",
+              "the maskless forward is the packed path on the other arm of the if", capability="C7",
+              style="functional"),
+        Valid("def score(model, ids, pad_id, extra):\n"
+              "    mask = ids != pad_id\n"
+              "    inputs = {'input_ids': ids}\n"
+              "    inputs.update(extra)\n"
+              "    return model(**inputs).logits, mask\n",
+              "a splatted dict filled from elsewhere may hold the mask", capability="C3", style="functional"),
+        Valid("def score(model, ids, pad_id):\n"
+              "    mask = ids != pad_id\n"
+              "    inputs = {'input_ids': ids}\n"
+              "    inputs['attention_mask'] = mask\n"
+              "    return model(**inputs).logits\n",
+              "the mask is stored into the splatted dict after it is built", capability="C3", style="functional"),
+        Valid("def score(policy, ref, ids, pad_id):\n"
+              "    with torch.no_grad():\n"
+              "        ref_logits = ref(ids).logits\n"
+              "    mask = ids != pad_id\n"
+              "    logits = policy(ids, attention_mask=mask).logits\n"
+              "    return (logits - ref_logits) * mask[..., None]\n",
+              "no mask exists yet where the first forward runs: what it should get is unknown", capability="C1",
+              style="functional"),
+        Valid("def forward(self, input_ids, attention_mask, pixel_values, pixel_attention_mask):\n"
+              "    out = self.model(input_ids=input_ids, attention_mask=attention_mask, pixel_values=pixel_values,\n"
+              "                     pixel_attention_mask=pixel_attention_mask)\n"
+              "    return out.logits\n",
+              "an image mask beside the text mask", capability="C3", style="class"),
     ]
     INVALID = [
         Invalid("def score(model, ids, tokenizer):\n"
@@ -200,14 +235,48 @@ class PaddingLeak(Rule):
                 "        attention_mask = batch.attention_mask\n"
                 "        return self.critic(input_ids).squeeze(-1)\n", line=5,
                 why="attributes of a batch record", capability="C8", style="class"),
+        Invalid("def rollout_step(policy, critic, ref, ids, pad_id, adv):\n"
+                "    keep = (ids != pad_id).long()\n"
+                "    values = critic(input_ids=ids, attention_mask=keep)\n"
+                "    logp = policy(input_ids=ids, attention_mask=keep).logits.log_softmax(-1)\n"
+                "    with torch.no_grad():\n"
+                "        ref_logp = ref(input_ids=ids).logits.log_softmax(-1)\n"
+                "    return ((logp - ref_logp).sum(-1) * keep).sum() / keep.sum(), values\n", line=6,
+                why="the other forwards of the same ids get the mask, the reference does not (the mask also weighs "
+                    "the loss)", capability="C1", style="functional"),
+        Invalid("def logps(self, model, input_ids, attention_mask, chunk):\n"
+                "    out = []\n"
+                "    for start in range(0, input_ids.size(0), chunk):\n"
+                "        rows = input_ids[start:start + chunk]\n"
+                "        rows_mask = attention_mask[start:start + chunk]\n"
+                "        inputs = {'input_ids': rows}\n"
+                "        inputs['use_cache'] = False\n"
+                "        out.append(model(**inputs).logits)\n"
+                "    return torch.cat(out)\n", line=8,
+                why="the function is handed the ids' attention mask and splats a dict without it", capability="C3",
+                style="class"),
+        Invalid("def score(policy, ref, prompts, tok):\n"
+                "    seqs = policy(prompts).sequences\n"
+                "    keep = seqs.ne(tok.pad_token_id)\n"
+                "    return ref(seqs).logits\n", line=4,
+                why="ids that another call returned, compared with the pad id: token ids by that use",
+                capability="C1", style="functional"),
     ]
 
     def check(self, ctx: Analysis) -> Iterator[Violation]:
         for call in ctx.nodes(cst.Call):
-            ids = model_forward_ids(ctx, call)
-            if ids is None or _takes_layout(call):
+            ids = model_forward_ids(ctx, call, of_forward=True)
+            if ids is None or _takes_layout(ctx, call):
                 continue
+            sibling = masked_sibling(ctx, call, ids)
+            if sibling is not None:
+                yield Violation(call, _sibling_message(ctx, call, ids, *sibling))
+                continue
+            # ids that come out of another model call are token ids only when compared with the pad id
+            generated = bool(forwards(ctx, ids))
             for mask in attention_masks(ctx, ids):
+                if generated and mask.kind != "pad":
+                    continue
                 uses = def_consumers(ctx, mask.d)
                 if any(u.node is call or ctx.contains(call, u.node) for u in uses):
                     continue
@@ -216,19 +285,31 @@ class PaddingLeak(Rule):
                     break
 
 
-def _takes_layout(call: cst.Call) -> bool:
-    """Whether the forward is handed a mask or a row layout (or could be: a splat, a second positional argument)."""
+def _takes_layout(ctx: Analysis, call: cst.Call) -> bool:
+    """Whether the forward is handed a mask or a row layout (or could be: a splat of unknown keys, a second
+    positional argument)."""
+    splatted = splat_keys(ctx, call) if any(arg.star == "**" for arg in call.args) else frozenset()
+    if splatted is None or any(_row_layout(k) for k in splatted):
+        return True
     positional = 0
     for arg in call.args:
-        if arg.star:
+        if arg.star == "*":
             return True
+        if arg.star:
+            continue
         if arg.keyword is None:
             positional += 1
             continue
-        name = arg.keyword.value.lower()
-        if "mask" in name or name in LAYOUT_KEYWORDS:
+        if _row_layout(arg.keyword.value):
             return True
     return positional > 1
+
+
+def _row_layout(keyword: str) -> bool:
+    """Whether a keyword of a forward hands it the token rows' mask or layout (``attention_mask``,
+    ``cu_seqlens``...; not ``pixel_attention_mask``)."""
+    name = keyword.lower()
+    return ("mask" in name and not name.startswith(OTHER_INPUT_MASK)) or name in LAYOUT_KEYWORDS
 
 
 def _attention_use(use: Use) -> bool:
@@ -240,12 +321,24 @@ def _attention_use(use: Use) -> bool:
     return False
 
 
+def _sibling_message(ctx: Analysis, call: cst.Call, ids, other: cst.Call, mask) -> str:
+    line = ctx.code(ctx.index.statement_of(other)).strip().splitlines()[0]
+    return (f"the forward on `{ctx.code(ids)}` gets no attention mask, while another forward of the same ids in this "
+            f"function is given `attention_mask={ctx.code(mask)}` (`{line}`): padded rows attend to their padding "
+            f"here, so these log-probs differ from the other forward's on the same text; pass "
+            f"`attention_mask={ctx.code(mask)}` here too")
+
+
 def _message(ctx: Analysis, call: cst.Call, ids, mask: MaskCandidate, uses: list[Use]) -> str:
     name = mask.d.key
+    elsewhere = " (it goes to another call instead)" if uses else ""
+    if mask.kind == "param":
+        return (f"the forward on the padded ids `{ctx.code(ids)}` gets no attention mask, though this function is "
+                f"handed their attention mask, `{name}`, and hands it to no forward{elsewhere}: each row attends to "
+                f"its padding, so its log-probs depend on its batch; pass the mask of these rows as `attention_mask=`")
     line = ctx.code(mask.d.stmt).strip().splitlines()[0]
     what = {"pad": "the pad mask of these ids", "batch": "the batch's attention mask",
             "block": "the block mask of these packed rows", "named": "the attention mask of these rows"}[mask.kind]
-    elsewhere = " (it goes to another call instead)" if uses else ""
     layout = "packed" if mask.kind in ("block", "named") else "padded"
     return (f"the forward on the {layout} ids `{ctx.code(ids)}` gets no attention mask, though {what}, "
             f"`{name}` (`{line}`), is built for it{elsewhere}: each row attends to padding or to the rows packed "
