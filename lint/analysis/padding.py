@@ -134,9 +134,16 @@ def pad_settings(a: "Analysis") -> list[PadSetting]:
     def build(an):
         eos = _eos_trace(an)
         found = []
+
+        def copies_pad(value: cst.BaseExpression) -> bool:
+            # `GenerationConfig(pad_token_id=tok.pad_token_id)` hands the tokenizer's pad on: it sets no other pad
+            value = strip_casts(an, value)
+            return isinstance(value, cst.Attribute) and value.attr.value in PAD_ATTRS
+
         for stmt in an.nodes(cst.Assign):
             for target in stmt.targets:
-                if isinstance(target.target, cst.Attribute) and target.target.attr.value in PAD_ATTRS:
+                if isinstance(target.target, cst.Attribute) and target.target.attr.value in PAD_ATTRS and \
+                        not copies_pad(stmt.value):
                     found.append(PadSetting(stmt, eos.value(stmt.value) is True))
         for call in an.nodes(cst.Call):
             if an.method(call) == "add_special_tokens" and call.args and isinstance(call.args[0].value, cst.Dict):
@@ -146,7 +153,8 @@ def pad_settings(a: "Analysis") -> list[PadSetting]:
                         found.append(PadSetting(call, eos.value(el.value) is True))
             for arg in call.args:
                 if arg.keyword is not None and arg.keyword.value in ("pad_token", "pad_token_id") and \
-                        S.called_name(call) not in ("generate", "pad", "decode", "batch_decode"):
+                        S.called_name(call) not in ("generate", "pad", "decode", "batch_decode") and \
+                        not copies_pad(arg.value):
                     found.append(PadSetting(call, eos.value(arg.value) is True))
         return found
     return a.facet("pad_settings", build)
@@ -463,9 +471,23 @@ def _equal_pad(a: "Analysis", expr: cst.BaseExpression, negated: bool) -> tuple 
     return None
 
 
+def _copy_of(a: "Analysis", labels: cst.BaseExpression, ids: cst.BaseExpression) -> bool:
+    """Whether ``labels`` are the tensor ``ids`` or a copy of it (``labels = ids.clone()``)."""
+    if a.code(labels) == a.code(ids) or same_value(a, labels, ids):
+        return True
+    source = resolve(a, labels)
+    if source is resolve(a, ids):  # one value: `ids = torch.tensor(rows); labels = ids.clone()`
+        return True
+    while isinstance(source, cst.Call) and a.method(source) in ("clone", "copy", "detach") and \
+            S.receiver(source) is not None:
+        source = S.receiver(source)
+    return source is not labels and same_value(a, source, ids)
+
+
 def pad_labels_ignored(a: "Analysis") -> list[PadLabels]:
     """``labels[labels == pad] = -100``, ``labels.masked_fill(labels == pad, -100)``, ``torch.where(labels == pad,
-    -100, labels)``, ``[t if t != pad else IGNORE_INDEX for t in ids]``: the labels' pad ids leave the loss."""
+    -100, labels)``, ``[t if t != pad else IGNORE_INDEX for t in ids]`` (also where the labels are a copy of the
+    compared ids), a loss built with ``ignore_index=pad``: the labels' pad ids leave the loss."""
     def build(an):
         found = []
         for node in an.nodes(cst.IfExp):
@@ -481,7 +503,7 @@ def pad_labels_ignored(a: "Analysis") -> list[PadLabels]:
             if isinstance(target, cst.Subscript) and len(target.slice) == 1 and isinstance(
                     target.slice[0].slice, cst.Index) and is_ignore_index(stmt.value):
                 dropped = _equal_pad(an, target.slice[0].slice.value, False)
-                if dropped is not None and an.code(dropped[0]) == an.code(target.value):
+                if dropped is not None and _copy_of(an, target.value, dropped[0]):
                     found.append(PadLabels(stmt, target.value, dropped[1]))
         for call in an.nodes(cst.Call):
             name = an.call_name(call) or ""
@@ -490,6 +512,11 @@ def pad_labels_ignored(a: "Analysis") -> list[PadLabels]:
                 dropped = _equal_pad(an, call.args[0].value, False)
                 if dropped is not None and an.code(dropped[0]) == an.code(S.receiver(call)):
                     found.append(PadLabels(call, dropped[0], dropped[1]))
+            ignored = next((arg.value for arg in call.args if arg.keyword is not None and
+                            arg.keyword.value == "ignore_index"), None)
+            if ignored is not None and is_pad_named(strip_casts(an, ignored)):
+                # `CrossEntropyLoss(ignore_index=tok.pad_token_id)`: the loss skips every label equal to the pad id
+                found.append(PadLabels(call, ignored, ignored))
             elif name == "torch.where" and len(call.args) == 3:
                 cond, yes, no = (arg.value for arg in call.args)
                 dropped = _equal_pad(an, cond, False)

@@ -404,6 +404,10 @@ class ProvenanceFacet(Facet):
                                  expr, frame)
         if isinstance(expr, cst.UnaryOperation):
             inner = trace.value(expr.expression, frame)
+            if isinstance(expr.operator, cst.Minus) and any(o.what == "nll" for o in inner if o.kind == FORWARD):
+                # `-F.cross_entropy(logits, target, reduction="none")`: the negated NLL is the target's log-prob
+                return frozenset(replace(o, what="logprobs") if o.kind == FORWARD and o.what == "nll" else o
+                                 for o in inner)
             return self._off(inner) if isinstance(expr.operator, cst.Not) else inner
         if isinstance(expr, cst.Comparison):
             found = trace.value(expr.left, frame)

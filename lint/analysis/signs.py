@@ -291,6 +291,8 @@ class Signs:
                 return 1
             return None
         if isinstance(expr, cst.Call):
+            if _boolean(self.a, expr):
+                return 1  # a 0/1 selection
             method = self.a.method(expr)
             recv = S.receiver(expr)
             if method in ("sum", "numel", "float", "clamp", "clamp_min", "size", "item", "detach") and recv is not None:
@@ -356,6 +358,8 @@ class Signs:
             return self.scale(value, frame, depth)
         if isinstance(value, cst.Call) and S.called_name(value) in ("get", "getattr", "float", "int") and value.args:
             return 1
+        if isinstance(value, cst.Call) and _boolean(self.a, value):
+            return 1  # `m = torch.tensor(rows, dtype=torch.bool)`: a 0/1 selection
         if isinstance(value, (cst.Subscript, cst.BinaryOperation)) or _shape_read(value):
             # `batch["response_mask"]`, `n_tokens / world_size`, `mask.shape[0]`: as a scaling
             return self.scale(value, frame, depth)
@@ -392,6 +396,14 @@ def _shape_read(expr: cst.BaseExpression) -> bool:
 
 def negate(terms: list[Term]) -> list[Term]:
     return [Term(-t.sign, t.expr, t.frame, t.via) for t in terms]
+
+
+def _boolean(a: "Analysis", call: cst.Call) -> bool:
+    """``x.bool()``, ``torch.tensor(rows, dtype=torch.bool)``: a tensor of 0/1 values."""
+    if a.method(call) == "bool" and not call.args:
+        return True
+    return any(arg.keyword is not None and arg.keyword.value == "dtype" and a.code(arg.value) in (
+        "torch.bool", "bool", "np.bool_", "numpy.bool_") for arg in call.args)
 
 
 def scaled(terms: list[Term], sign: int) -> list[Term]:

@@ -193,7 +193,17 @@ def _consumers(a: "Analysis", expr: cst.BaseExpression, depth: int, names: tuple
             yield Use("entry", container, node, entry, names)
             return
         if kind in (cst.Element, cst.StarredElement):
-            yield Use("element", index.parent_of(parent), node, None, names)
+            container = index.parent_of(parent)
+            target = _unpacked_into(index, container, parent) if kind is cst.Element else None
+            key = key_of(target) if target is not None else None
+            defs = [d for d in index.stmt_defs.get(id(index.parent_of(container)), ()) if d.key == key] \
+                if key is not None else []
+            if defs and depth > 0:
+                # `lp, m = (lp[:, 1:], m[:, 1:])`: the element goes on under the target at its position
+                for read in reads_of(a, defs[0]):
+                    yield from _consumers(a, read, depth - 1, names + (last_name(key),), seen)
+                return
+            yield Use("element", container, node, None, names)
             return
         if kind in (cst.Index, cst.SubscriptElement, cst.Slice):
             sub = parent
@@ -210,6 +220,20 @@ def _consumers(a: "Analysis", expr: cst.BaseExpression, depth: int, names: tuple
             return
         yield Use("other", parent, node, None, names)
         return
+
+
+def _unpacked_into(index, container: cst.CSTNode, element: cst.Element) -> cst.BaseExpression | None:
+    """The target that ``element`` of a tuple or list literal is bound to by ``a, b = (x, y)``; None otherwise."""
+    stmt = index.parent_of(container)
+    if not (isinstance(container, (cst.Tuple, cst.List)) and isinstance(stmt, cst.Assign) and
+            stmt.value is container and len(stmt.targets) == 1):
+        return None
+    target = stmt.targets[0].target
+    if not isinstance(target, (cst.Tuple, cst.List)) or len(target.elements) != len(container.elements) or any(
+            isinstance(el, cst.StarredElement) for el in (*target.elements, *container.elements)):
+        return None
+    position = next(i for i, el in enumerate(container.elements) if el is element)
+    return target.elements[position].value
 
 
 def _slices_only(sub: cst.Subscript) -> bool:

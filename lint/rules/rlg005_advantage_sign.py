@@ -89,7 +89,10 @@ class AdvantageSign(Rule):
     # surrogate whatever its weights are called; a bare clamp( would pass most files for nothing
     triggers = (r"advantage|Advantage|adv(?:s\b|_|\b)|\*\s*-?\s*(?:A|returns?|rewards?)\b"
                 r"|(?:clamp|clip)\([^)\n]*(?:\b1(?:\.0*)?\s*[-+]|\b0\.\d+\s*,\s*1\.\d)"
-                r"|(?:returns?|rewards?)\s*\*\s*\w*(?:ratio|log_?prob|logp)|A\s*\*\s*\w*(?:ratio|log_?prob|logp)")
+                r"|(?:returns?|rewards?)\s*\*\s*\w*(?:ratio|log_?prob|logp)|A\s*\*\s*\w*(?:ratio|log_?prob|logp)"
+                # per-episode rewards read from records (`ep.reward`, `batch["returns"]`): the weight by its source,
+                # which a file's own names do not decide
+                r"|\.(?:rewards?|returns?)\b|[\"'](?:rewards?|returns?)[\"']")
 
     PREVIEW_PARTS = ("a loss known only by the name of the local variable that holds it (`loss = ...` with no backward, loss function or optimising caller in view)",)
     VALID = [
@@ -174,6 +177,14 @@ class AdvantageSign(Rule):
               "    v54 = -torch.min(v52 * v45.unsqueeze(1), v55 * v45.unsqueeze(1))\n"
               "    ((v54 * v32).sum() / v32.sum()).backward()\n",
               "neutral names, broadcast advantages, negated min: correct", capability="C2", style="script"),
+        Valid("def update(model, opt, episodes, ids, keep_rows, n):\n"
+              "    w = torch.tensor([ep.reward for ep in episodes])\n"
+              "    m = torch.tensor(keep_rows, dtype=torch.bool)[:, 1:]\n"
+              "    lp = -F.cross_entropy(model(ids[:, :-1]).logits.transpose(1, 2), ids[:, 1:], reduction='none')\n"
+              "    obj = ((lp * w[:, None]) * m).sum() / n\n"
+              "    (-obj).backward()\n",
+              "REINFORCE on per-episode rewards, the negated cross-entropy as log-probs, negated at the end",
+              capability="C2", style="script"),
     ]
     INVALID = [
         Invalid("def group_advantages(rewards, group_size):\n"
@@ -266,6 +277,15 @@ class AdvantageSign(Rule):
                 "    b = -advantages * torch.clamp(r, 1.0 - eps, 1.0 + eps)\n"
                 "    return torch.sum(torch.min(a, b) * mask) / mask.sum()\n", line=6,
                 why="a masked log-ratio under exp is still the ratio", capability="C2", style="functional"),
+        Invalid("def update(model, opt, episodes, ids, keep_rows, n):\n"
+                "    w = torch.tensor([ep.reward for ep in episodes])\n"
+                "    m = torch.tensor(keep_rows, dtype=torch.bool)[:, 1:]\n"
+                "    lp = -F.cross_entropy(model(ids[:, :-1]).logits.transpose(1, 2), ids[:, 1:], reduction='none')\n"
+                "    obj = ((lp * w[:, None]) * m).sum() / n\n"
+                "    obj.backward()\n", line=5,
+                why="the weight is per-episode rewards by what it is built from, whatever the local is called; the "
+                    "negated cross-entropy is the log-prob; a bool tensor only selects", capability="C2",
+                style="script"),
     ]
 
     def check(self, ctx: Analysis) -> Iterator[Violation]:
@@ -339,8 +359,9 @@ class _Surrogates:
     def stop(self, expr, frame) -> bool:
         return self.weight_sign(expr, frame) is not None or self.is_ratio(expr, frame)
 
-    def weight_sign(self, expr, frame=None) -> int | None:
-        """+1 for advantages/returns/rewards (by name, through sign-keeping operations), -1 when negated."""
+    def weight_sign(self, expr, frame=None, depth: int = 4) -> int | None:
+        """+1 for advantages/returns/rewards (by name, through sign-keeping operations), -1 when negated. A local
+        is what its one definition is (``w = torch.tensor([ep.reward for ep in eps])``): its own name may be any."""
         name = _name_of(expr)
         if name is not None:
             vocab = self.ctx.names
@@ -354,6 +375,16 @@ class _Surrogates:
             return self.weight_sign(expr.value, frame)
         if name is not None and is_clip_weight(self.ctx, expr) and not self.is_ratio(expr, frame):
             return 1  # weighs both sides of a PPO clip: the advantages by their use, whatever the name
+        if depth <= 0:
+            return None
+        if isinstance(expr, cst.Name):
+            defs = self.ctx.flow.reaching(expr.value, expr)
+            if len(defs) == 1 and defs[0].kind == "assign" and defs[0].element is None and defs[0].value is not None:
+                return self.weight_sign(defs[0].value, frame, depth - 1)
+        elif isinstance(expr, cst.Call) and self.ctx.call_name(expr) in _TENSOR_OF and expr.args:
+            return self.weight_sign(expr.args[0].value, frame, depth - 1)
+        elif isinstance(expr, (cst.ListComp, cst.GeneratorExp)):
+            return self.weight_sign(expr.elt, frame, depth - 1)
         return None
 
     def is_ratio(self, expr, frame=None, depth: int = 4) -> bool:
@@ -397,6 +428,11 @@ class _Surrogates:
 
 
 SIGN_DEPTH_ADV = 8
+
+
+# Calls that make a tensor of their first argument's values (a list of per-episode rewards).
+_TENSOR_OF = frozenset({"torch.tensor", "torch.as_tensor", "torch.stack", "torch.cat", "numpy.array",
+                        "numpy.asarray", "torch.from_numpy"})
 
 
 def _name_of(expr) -> str | None:

@@ -26,20 +26,27 @@ class PaddingLeak(Rule):
     logits = model(ids).logits                       # the mask is built, never handed to the model
     ```
 
-    The mask is one the function builds for the forward's own ids, before the forward:
+    The mask is one the function has for the forward's own ids, before the forward:
 
-    - a pad comparison of the same tensor (`ids != pad_id`, `ids.ne(pad)`, through casts and aliases);
+    - a pad comparison of the same tensor (`ids != pad_id`, `ids.ne(pad)`, through casts and aliases), also of ids
+      that another model call returned (a pad comparison shows they are token ids);
     - the `attention_mask` entry of the batch the ids are the `input_ids` of (`batch["attention_mask"]`,
       `batch.get("attention_mask")`, `batch.attention_mask`);
+    - a parameter named for the attention mask when the ids are rows of the token-id parameter beside it (parameter
+      names are the function's interface);
     - a block mask of rows packed into one sequence (`seg[:, None] == seg[None, :]`), or a local named as an
       attention mask computed from the same data as the packed ids.
 
-    The rule reports only when that mask is not passed to the forward and is used for nothing but attention
-    elsewhere: never used at all, or passed as `attention_mask=` to another forward (the policy gets the mask, the
-    reference does not) or to `generate`. It is silent when the forward takes any mask or a packed layout
-    (`attention_mask=`, `cu_seqlens=`, `packed_seq_params=`...), a second positional argument, or a `**kwargs`
-    splat, and when the mask also serves the loss or anything else (a causal model reads right-padded rows
-    correctly without a mask, and a function that masks its loss with it may rely on that).
+    The rule reports when that mask is not passed to the forward and is used for nothing but attention
+    elsewhere: never used at all, or passed as `attention_mask=` to another forward or to `generate`. It also
+    reports, whatever else the mask serves, a forward of ids that another call of the same function hands with
+    `attention_mask=m` (`m` holding the same value at both calls; the policy and the critic get the mask, the
+    reference does not). It is silent when the forward takes any mask or a packed layout (`attention_mask=`,
+    `cu_seqlens=`, `packed_seq_params=`...; an image's `pixel_attention_mask=` is not the text's), a second
+    positional argument, or a `**` splat of a dict whose keys are unknown or include a mask (a local dict built
+    with constant keys is read), when the other forward is on the other arm of an if (a packed and an unpadded
+    path), and otherwise when the mask also serves the loss or anything else (a causal model reads right-padded
+    rows correctly without a mask, and a function that masks its loss with it may rely on that).
 
     ## Why it is wrong
     Without the mask, every real token attends to the pad tokens before it (left padding) or to the other rows

@@ -9,6 +9,7 @@ import libcst as cst
 
 from rlguard.catalog import STOP_TOKEN_UNTRAINED
 from rlguard.lint.analysis import Analysis
+from rlguard.lint.analysis import semantics as S
 from rlguard.lint.analysis.padding import eos_valued, pad_comparison, pad_labels_ignored, pad_set_to_eos
 from rlguard.lint.analysis.roles import is_mask_by_use, names_along
 from rlguard.lint.analysis.uses import CARRY_METHODS, Use, consumers
@@ -45,18 +46,22 @@ class StopTokenUntrained(Rule):
 
     The same in labels: `labels[labels == pad_id] = -100`, `labels.masked_fill(labels == pad_id, -100)`,
     `torch.where(labels == pad_id, -100, labels)`, `[t if t != pad_id else IGNORE_INDEX for t in ids]` (the pad's
-    ids replaced by the ignore index of the cross-entropy).
+    ids replaced by the ignore index of the cross-entropy; also `labels[ids == pad_id] = -100` where the labels are a
+    copy of `ids`), and a loss that skips the pad id itself: `nn.CrossEntropyLoss(ignore_index=tokenizer.pad_token_id)`.
 
     The pad id is the EOS id when its value is visibly one (`pad_id = eos_id`, `PAD_ID = EOS`,
     `PAD = spec.eos_token()`, a config built with `pad_token_id=tokenizer.eos_token_id`), or when it is a
     tokenizer's `.pad_token_id` in a module that sets the pad token to the EOS token (`tokenizer.pad_token =
     tokenizer.eos_token`, `tokenizer.pad_token_id = tokenizer.eos_token_id`, `add_special_tokens({"pad_token":
-    tokenizer.eos_token})`) and sets it to nothing else. The comparison must build a loss mask: it is bound to, passed
-    as or stored under a loss-mask name (`action_mask`, `completion_mask`, `loss_mask`...), returned by a function so
-    named (`build_action_mask`), fed to a masked reduction or a loss function, or it divides its own sum
-    (`(x * m).sum() / m.sum()`). The rule is silent for a mask that only gates attention (`attention_mask=`), for
-    prompt masks (prompts hold no stop token), and when something puts tokens back into the mask (`| first_eos`,
-    `mask[i, eos_idx] = 1`, `scatter_`, a `torch.cat`/`roll` that shifts it): that may be the first EOS.
+    tokenizer.eos_token})`) and sets it to nothing else (a config that copies the tokenizer's pad id,
+    `GenerationConfig(pad_token_id=tokenizer.pad_token_id)`, sets no other). The comparison must build a loss mask: it
+    is bound to, passed as or stored under a loss-mask name (`action_mask`, `completion_mask`, `loss_mask`...),
+    returned by a function so named (`build_action_mask`), fed to a masked reduction or a loss function (also by a
+    mask keyword, `policy_loss(logp, adv, mask=m)`, and through tuple assignments), or it divides its own sum
+    (`(x * m).sum() / m.sum()`). The rule is silent for a mask that only gates attention (`attention_mask=`) unless
+    the same mask is handed to a loss function too, for prompt masks (prompts hold no stop token), and when something
+    puts tokens back into the mask (`| first_eos`, `mask[i, eos_idx] = 1`, `scatter_`, a `torch.cat`/`roll` that
+    shifts it): that may be the first EOS.
 
     ## Why it is wrong
     With pad = EOS, every completion's EOS has the pad's id, so `ids != pad_id` removes the stop token together with
@@ -149,6 +154,15 @@ class StopTokenUntrained(Rule):
               "    labels[batch['attention_mask'] == 0] = -100\n"
               "    return labels\n",
               "labels masked by the attention mask, which keeps the first EOS", capability="C3", style="framework"),
+        Valid("tokenizer.add_special_tokens({'pad_token': '[PAD]'})\n"
+              "loss_fct = nn.CrossEntropyLoss(ignore_index=tokenizer.pad_token_id)\n",
+              "the loss ignores a pad token of its own", capability="C6", style="script"),
+        Valid("tokenizer.pad_token = tokenizer.eos_token\n"
+              "def stats(model, ids, values):\n"
+              "    attention_mask = ids.ne(tokenizer.pad_token_id)\n"
+              "    out = model(ids, attention_mask=attention_mask)\n"
+              "    return out.logits, masked_mean(values, attention_mask)\n",
+              "an attention mask that also weighs a statistic, not a loss", capability="C2", style="functional"),
     ]
     INVALID = [
         Invalid("PAD_ID = EOS_ID\n"
@@ -206,6 +220,27 @@ class StopTokenUntrained(Rule):
                 "        return {'input_ids': ids,\n"
                 "                'labels': ids.masked_fill(ids == self.tok.pad_token_id, self.ignore_index)}\n", line=7,
                 why="masked_fill with the ignore index, pad set in __init__", capability="C3", style="class"),
+        Invalid("class PretrainSet:\n"
+                "    def __init__(self, tok):\n"
+                "        self.tok = tok\n"
+                "        self.tok.pad_token = self.tok.eos_token\n"
+                "    def __getitem__(self, i):\n"
+                "        ids = torch.tensor(self.rows[i])\n"
+                "        labels = ids.clone()\n"
+                "        labels[ids == self.tok.pad_token_id] = -100\n"
+                "        return ids, labels\n", line=8,
+                why="the labels are a copy of the compared ids", capability="C2", style="class"),
+        Invalid("tokenizer.pad_token = tokenizer.eos_token\n"
+                "loss_fct = nn.CrossEntropyLoss(ignore_index=tokenizer.pad_token_id, reduction='none')\n", line=2,
+                why="the loss ignores every label equal to the pad id, the EOS id", capability="C6", style="script"),
+        Invalid("tokenizer.pad_token = tokenizer.eos_token\n"
+                "gen_cfg = GenerationConfig(pad_token_id=tokenizer.pad_token_id)\n"
+                "def step(ids, logp, adv, n):\n"
+                "    keep = ids.ne(tokenizer.pad_token_id).long()\n"
+                "    logp, keep = (logp[:, -n:], keep[:, -n:])\n"
+                "    return policy_loss(logp, adv, mask=keep)\n", line=4,
+                why="a config that copies the pad id sets no other pad; the mask goes on through a tuple "
+                    "assignment to a loss's mask keyword", capability="C3", style="functional"),
     ]
 
     def check(self, ctx: Analysis) -> Iterator[Violation]:
@@ -231,6 +266,8 @@ def _judge(ctx: Analysis, node: cst.CSTNode) -> bool:
     loss = False  # shown by the code: a masked reduction, a loss function, the mask dividing its own sum
     named = False  # a loss mask by a name it is bound to, passed as, stored under or returned from
     selects = False  # it indexes another tensor (`tokens[mask]`): a selection, for decoding or statistics
+    attention = False  # bound or passed on as an attention or prompt mask on some path
+    loss_call = False  # handed to a loss function: what such a mask does whatever it is called
     todo = [node]
     seen: set[int] = set()
     while todo:
@@ -241,7 +278,7 @@ def _judge(ctx: Analysis, node: cst.CSTNode) -> bool:
         for use in consumers(ctx, current):
             names = use.names
             if any(ATTENTION_OR_PROMPT.fullmatch(n) for n in names):
-                return False
+                attention = True
             if any(LOSS_MASK_NAME.fullmatch(n) or ctx.names.is_role(n, "mask") and n not in ("mask", "masks") and
                    not ATTENTION_OR_PROMPT.fullmatch(n) for n in names):
                 named = True
@@ -253,15 +290,21 @@ def _judge(ctx: Analysis, node: cst.CSTNode) -> bool:
             if verdict == "adds-back":
                 return False
             if verdict == "attention":
+                attention = True  # handed on as an attention mask: what the keyword says, whatever the name
                 continue
             if verdict == "loss":
                 named = True
             elif verdict == "loss-call":
                 loss = True
+                call = use.node if use.kind in ("argument", "keyword") else None
+                loss_call = loss_call or (isinstance(call, cst.Call) and "loss" in (
+                    ctx.call_name(call) or S.called_name(call) or "").rsplit(".", 1)[-1].lower())
             elif verdict == "through":
                 todo.append(use.node)
             elif use.kind == "store":
                 return False
+    if attention:  # an attention mask is a loss mask too only where it is handed to a loss (not a statistic)
+        return loss_call
     # a name alone makes it a loss mask only when nothing shows another purpose (a selection of tokens)
     return loss or (named and not selects)
 
@@ -286,6 +329,10 @@ def _use(ctx: Analysis, use: Use) -> str | None:
             return "attention"
         if LOSS_MASK_NAME.fullmatch(name):
             return "loss"
+        call = use.node
+        if kind == "keyword" and "mask" in name.lower() and isinstance(call, cst.Call) and MASKED_REDUCTION.fullmatch(
+                (ctx.call_name(call) or S.called_name(call) or "").rsplit(".", 1)[-1]):
+            return "loss-call"  # `loss_fn(logp, adv, mask=m)`: the callee's interface says what the mask does
         return None
     if kind in ("argument", "element"):
         call = use.node if kind == "argument" else _enclosing_call(ctx, use.node)
