@@ -55,7 +55,7 @@ DEFAULT_ROLES: dict[str, tuple[tuple[str, ...], str]] = {
     "entropy": (
         ("entropy", "entropies", "ent", "entropy_bonus", "policy_entropy", "token_entropy", "mean_entropy"),
         # cross-entropy is a loss against labels, not the policy's entropy
-        r"(?!(\w*_)?cross_?entropy)\w*entrop(y|ies)\w*|ent",
+        r"(?!(\w*_)?cross_?entropy)\w*entrop(y|ies|ys)\w*|ent",
     ),
     "entropy_coef": (
         ("ent_coef", "entropy_coef", "entropy_coeff", "ent_coeff", "entropy_weight", "ent_weight",

@@ -177,6 +177,29 @@ def argument(call: cst.Call, position: int | None, keyword: str | None = None) -
     return positional[position].value if position < len(positional) else None
 
 
+# Cross-process collectives that hand back the values they are given (gathered from every rank): sign-keeping.
+COLLECTIVE_FUNCTIONS = frozenset({"accelerate.utils.gather", "accelerate.utils.operations.gather",
+                                  "accelerate.utils.gather_for_metrics", "accelerate.utils.reduce",
+                                  "accelerate.utils.operations.reduce"})
+COLLECTIVE_METHODS = frozenset({"gather", "gather_for_metrics", "reduce"})
+
+
+def collected(a, call: cst.Call) -> cst.BaseExpression | None:
+    """The tensor a cross-process gather or reduce hands back the values of: ``gather(x)`` (accelerate),
+    ``accelerator.gather(x)``, ``accelerator.reduce(x)``; None for anything else (``x.gather(-1, idx)`` is an index
+    gather, with two arguments)."""
+    positional = [arg for arg in call.args if arg.keyword is None and not arg.star]
+    if len(positional) != 1 or any(arg.keyword is not None and arg.keyword.value in ("dim", "index") for arg in
+                                   call.args):
+        return None
+    if a.call_name(call) in COLLECTIVE_FUNCTIONS:
+        return positional[0].value
+    if method_name(call) in COLLECTIVE_METHODS and receiver(call) is not None and "accelerat" in (
+            a.code(receiver(call)).lower()):
+        return positional[0].value  # the Accelerator's collectives (`self.accelerator.gather(x)`)
+    return None
+
+
 def literal_bool(expr: cst.BaseExpression | None) -> bool | None:
     if isinstance(expr, cst.Name) and expr.value in ("True", "False"):
         return expr.value == "True"

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 import libcst as cst
 
 from rlguard.lint.analysis import semantics as S
-from rlguard.lint.analysis.index import key_of, last_name
+from rlguard.lint.analysis.index import key_entry, key_of, last_name
 from rlguard.lint.analysis.infoforms import forms
 from rlguard.lint.analysis.provenance import FORWARD, provenance
 from rlguard.lint.analysis.signs import factors, signs
@@ -213,12 +213,20 @@ class Quantities:
                 return inner
             if not self._visible(expr, frame) and name is not None and self.a.names.is_role(name, "entropy"):
                 return 1  # computed out of view: the name is all there is
+            entry = key_entry(key_of(expr))
+            if entry is not None and self.a.names.is_role(entry, "entropy") and not self._excluded(entry):
+                # `outputs["entropys"]`: the producer's string key says what the entry is, where its computation
+                # passes calls out of view; a key is the interface between two functions, not a local's name
+                return 1
             return None
         if isinstance(expr, cst.Call):
             method = self.a.method(expr)
             recv = S.receiver(expr)
             if method in ("mean", "sum", "nanmean", "float", "detach", "squeeze", "clamp") and recv is not None:
                 return self.sign("entropy", recv, frame, depth - 1)
+            gathered = S.collected(self.a, expr)
+            if gathered is not None:
+                return self.sign("entropy", gathered, frame, depth - 1)
             if self.a.callee(expr) is None and name is not None and self.a.names.is_role(name, "entropy") \
                     and "cross" not in name.lower():
                 return 1  # entropy_bonus(logits, mask), a helper out of view named for it
@@ -302,6 +310,9 @@ class Quantities:
             if method in ("mean", "sum", "nanmean", "float", "detach", "squeeze", "clamp", "contiguous") and \
                     recv is not None:
                 return self.sign("kl", recv, frame, depth - 1)
+            gathered = S.collected(self.a, expr)
+            if gathered is not None:
+                return self.sign("kl", gathered, frame, depth - 1)
             if self.a.callee(expr) is None and name is not None and self.a.names.is_role(name, "kl") and \
                     any(self._logp_like(arg.value, frame) for arg in expr.args):
                 return 1  # kl_penalty(logp, ref_logp), a KL helper out of view fed log-probs
@@ -315,8 +326,8 @@ class Quantities:
         for t in terms:
             if self._is_reference_logp(t.expr, t.frame):
                 ref.add(t.sign)
-            elif self._is_policy_logp(t.expr, t.frame):
-                pol.add(t.sign)
+            elif self._is_policy_logp(t.expr, t.frame) or self._is_sampling_logp(t.expr):
+                pol.add(t.sign)  # the sampling policy's log-probs stand for the policy in a KL to the reference
             elif S.number_value(t.expr) is None and not self._function_of_log_ratio(t.expr, t.frame):
                 return None  # another term: a loss or reward that contains a log-ratio, not the estimate itself
         if len(ref) == 1 and len(pol) == 1 and ref != pol:
@@ -451,6 +462,12 @@ class Quantities:
         forwards = [o for o in self.prov.value(expr, frame) if o.kind == FORWARD]
         return bool(forwards) and all(o.what == "logprobs" and (o.model is None or o.model.role in ("policy", "model"))
                                       for o in forwards)
+
+    def _is_sampling_logp(self, expr) -> bool:
+        """The old (sampling) policy's log-probs by their name or the key they are stored under: in ``old - ref`` (a
+        KL estimate put into the reward at sampling time) they are the policy's side."""
+        name = self._name(expr)
+        return self._stored_role(expr) == "old_logp" or (name is not None and self.a.names.is_role(name, "old_logp"))
 
     def _stored_role(self, expr) -> str | None:
         name = self._get_key(expr) or self._name(expr)

@@ -165,6 +165,20 @@ class EntropyBonusSign(Rule):
               "        total.backward(); optim.step(); optim.zero_grad()\n",
               "torchrl: the loss module's `loss_entropy` is already -c * entropy", capability="FP",
               style="framework"),
+        Valid(
+              "class Actor:\n"
+              "    def _forward(self, batch):\n"
+              "        logits = self.model(batch[\"input_ids\"]).logits\n"
+              "        out = {\"log_probs\": logits.log_softmax(-1)}\n"
+              "        out[\"entropys\"] = unpad_and_gather(self.entropy_fn(logits), batch[\"indices\"])\n"
+              "        return out\n"
+              "    def update(self, batch, coef):\n"
+              "        out = self._forward(batch)\n"
+              "        m = batch[\"response_mask\"]\n"
+              "        h = (out[\"entropys\"] * m).sum() / m.sum()\n"
+              "        loss = -(out[\"log_probs\"].mean()) - h * coef\n"
+              "        loss.backward()\n",
+              "the same entry subtracted as a bonus", capability="C3", style="class"),
     ]
     INVALID = [
         Invalid("class PolicyTrainer(FSDPModule):\n"
@@ -261,6 +275,20 @@ class EntropyBonusSign(Rule):
                 "        v4.mean().backward()\n", line=12,
                 why="`Net(...).to(dev)` is still a Net: the third element of its evaluate is an entropy",
                 capability="C1", style="class"),
+        Invalid(
+                "class Actor:\n"
+                "    def _forward(self, batch):\n"
+                "        logits = self.model(batch[\"input_ids\"]).logits\n"
+                "        out = {\"log_probs\": logits.log_softmax(-1)}\n"
+                "        out[\"entropys\"] = unpad_and_gather(self.entropy_fn(logits), batch[\"indices\"])\n"
+                "        return out\n"
+                "    def update(self, batch, coef):\n"
+                "        out = self._forward(batch)\n"
+                "        m = batch[\"response_mask\"]\n"
+                "        h = (out[\"entropys\"] * m).sum() / m.sum()\n"
+                "        loss = -(out[\"log_probs\"].mean()) + h * coef\n"
+                "        loss.backward()\n", line=11,
+                why="an entropy stored under its string key by a helper whose computation passes a call out of view", capability="C3", style="class"),
     ]
 
     def check(self, ctx: Analysis) -> Iterator[Violation]:

@@ -165,5 +165,6 @@ class AcceleratePPOTrainer:
                 self.opt.step()
                 self.opt.zero_grad()
                 self.scheduler.step()
+        self.model.eval()  # as trlx does after each backward: the next rollout scores in eval mode
         self.kl_ctl.update(self.mean_kl.item(), n_steps=self.config.batch_size)
         return stats
