@@ -373,7 +373,7 @@ def train_mode_scores(a: "Analysis") -> list[TrainModeScore]:
             recv = S.receiver(call)
             if method is None or recv is None or not MODE_METHOD.fullmatch(method):
                 continue
-            keys = _ids(an, recv)
+            keys = _ids(an, recv) | _instance(an, recv)
             if _sets_train(call):
                 for k in keys:
                     trains.setdefault(k, call)
@@ -393,10 +393,11 @@ def train_mode_scores(a: "Analysis") -> list[TrainModeScore]:
             objs = models(an).roots(target)
             keys = _ids(an, target)
             train = next((trains[k] for k in sorted(keys) if k in trains), None)
-            if train is None or keys & others or isinstance(an.index.parent_of(call), cst.Expr):
+            if train is None or keys & others or _owners(an, target) & others or \
+                    isinstance(an.index.parent_of(call), cst.Expr):
                 continue
             site = _scoring_site(an, grad, call)
-            if site is None or id(site) in seen:
+            if site is None or id(site) in seen or _trained_just_before(an, keys, trains, site, call):
                 continue
             if _mode_free_class(an, objs) or _hands_to_mode_setter(an, keys):
                 continue
@@ -415,6 +416,38 @@ def _ids(a: "Analysis", expr: cst.BaseExpression) -> frozenset:
         return keys
     cls = a.enclosing_class(expr)
     return frozenset({f"{cls.name.value}.{expr.attr.value}@attribute"}) if cls is not None else keys
+
+
+def _instance(a: "Analysis", expr: cst.BaseExpression) -> frozenset:
+    """``self`` in a method: the instance of its class (its mode methods set the mode of every submodule)."""
+    if isinstance(expr, cst.Name) and expr.value in ("self", "cls"):
+        cls = a.enclosing_class(expr)
+        if cls is not None:
+            return frozenset({f"{cls.name.value}@instance"})
+    return frozenset()
+
+
+def _owners(a: "Analysis", target: cst.BaseExpression) -> frozenset:
+    """The objects ``target`` is a submodule of (``self`` and ``self.body`` for ``self.body.head``): a mode method
+    called on one of them sets the mode of ``target`` too."""
+    found: set = set()
+    while isinstance(target, cst.Attribute):
+        target = target.value
+        found |= _ids(a, target) | _instance(a, target)
+    return frozenset(found)
+
+
+def _trained_just_before(a: "Analysis", keys: frozenset, trains: dict, site: cst.Call, forward: cst.Call) -> bool:
+    """Whether the function that scores puts the model in train mode itself before it scores (a test of the train
+    path, a pass deliberately run with dropout on): the mode is chosen there, not left over from an update."""
+    order = a.index.order
+    for node in (site, forward):
+        func = a.enclosing_function(node)
+        for call in a.nodes(cst.Call):
+            if _sets_train(call) and a.enclosing_function(call) is func and order[id(call)] < order[id(node)] and \
+                    S.receiver(call) is not None and _ids(a, S.receiver(call)) & keys:
+                return True
+    return False
 
 
 def _scoring_site(a: "Analysis", grad, call: cst.Call, depth: int = 2) -> cst.Call | None:

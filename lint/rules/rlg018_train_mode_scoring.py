@@ -53,7 +53,8 @@ class TrainModeScoring(Rule):
     The forward runs under `torch.no_grad()`/`inference_mode()` itself, or in a same-module helper called there; a
     model attribute bound to what the linter cannot follow (`self.actor, self.opt = strategy.prepare(...)`) is
     known by its attribute. It is silent when any other mode method is called on the model in the module
-    (`.eval()`, `.train(False)`, wherever), when the model is handed to a same-module helper that sets a mode, or
+    (`.eval()`, `.train(False)`, wherever) or on a module that owns it (`self.eval()` for `self.trunk`), when the
+    function that scores puts it in train mode itself before the forward (a deliberate train-mode pass), when the model is handed to a same-module helper that sets a mode, or
     to a call out of view named for one (`set_eval(model)`), when the forward's output is dropped (a pass that
     refreshes batch statistics), and when the model is an instance of a class of the module without dropout or
     batch statistics.
@@ -231,6 +232,30 @@ class TrainModeScoring(Rule):
               "    with torch.no_grad():\n"
               "        return policy(ids).logits\n",
               "a helper of the module sets the scoring mode", capability="C5", style="functional"),
+        Valid("class Discriminator(nn.Module):\n"
+              "    def __init__(self, trunk, optimizer):\n"
+              "        super().__init__()\n"
+              "        self.trunk = trunk\n"
+              "        self.optimizer = optimizer\n"
+              "    def update(self, x, y):\n"
+              "        self.trunk.train()\n"
+              "        loss_fn(self.trunk(x), y).backward()\n"
+              "        self.optimizer.step()\n"
+              "    def predict(self, x):\n"
+              "        with torch.no_grad():\n"
+              "            self.eval()\n"
+              "            return self.trunk(x).sigmoid()\n",
+              "eval() on the module that owns the submodule sets the submodule's mode", capability="C3",
+              style="class"),
+        Valid("def test_patched_forward_matches(model, ids):\n"
+              "    model.train()\n"
+              "    with torch.no_grad():\n"
+              "        expected = model(ids).logits\n"
+              "    patch_attention()\n"
+              "    got = model(ids).logits\n"
+              "    assert torch.allclose(expected, got)\n",
+              "the function puts the model in train mode itself right before: a deliberate train-mode pass",
+              capability="FP", style="script"),
     ]
     INVALID = [
         Invalid("from rlguard.reference.model import TinyCausalLM\n"
