@@ -270,7 +270,7 @@ def _is_own_forward(a: "Analysis", call: cst.Call, roots: frozenset) -> bool:
     """``ref(ids)``, ``ref.forward(ids)``, ``ref.m(...)``: a call of the object itself or of its methods."""
     func = call.func
     target = func.value if isinstance(func, cst.Attribute) else func
-    return isinstance(target, (cst.Name, cst.Attribute)) and bool(_keys(a, target) & roots)
+    return isinstance(target, (cst.Name, cst.Attribute)) and bool(_ids(a, target) & roots)
 
 
 def _helper_sets(a: "Analysis", func: cst.FunctionDef, call: cst.Call, arg: cst.Arg, depth: int) -> bool:
@@ -336,3 +336,152 @@ def _built_of_mode_free_layers(a: "Analysis", cls: cst.ClassDef, depth: int) -> 
 
 
 __all__ = ["MODE_METHOD", "ScoringCopy", "mode_is_set", "scoring_copies"]
+
+
+# ===== a trained model scored in the train mode the module puts it in ==============================================
+@dataclass(frozen=True)
+class TrainModeScore:
+    """A forward of a model the module puts in train mode (``m.train()``) and never in another mode, run with
+    autograd off to score (old log-probs, values): ``site`` is where autograd is off (the forward, or the call of
+    the helper that runs it), ``forward`` the forward itself, ``train`` a ``.train()`` call on the model."""
+
+    name: str
+    site: cst.Call
+    forward: cst.Call
+    train: cst.Call
+
+
+_EVAL_CALL = re.compile(r"(?i)\w*(eval|inference|freeze|mode)\w*")
+
+
+def _sets_train(call: cst.Call) -> bool:
+    """``m.train()``, ``m.train(True)``, ``m.set_training_mode(True)``: train mode, no other."""
+    method = S.method_name(call)
+    if method == "train":
+        return _train_true(call)
+    if method is not None and re.fullmatch(r"(?i)set_(training|train)_mode|train_mode", method):
+        return bool(call.args) and S.literal_bool(call.args[0].value) is True
+    return False
+
+
+def train_mode_scores(a: "Analysis") -> list[TrainModeScore]:
+    def build(an):
+        trains: dict[str, cst.Call] = {}
+        others: set = set()
+        for call in an.nodes(cst.Call):
+            method = S.method_name(call)
+            recv = S.receiver(call)
+            if method is None or recv is None or not MODE_METHOD.fullmatch(method):
+                continue
+            keys = _ids(an, recv) | _instance(an, recv)
+            if _sets_train(call):
+                for k in keys:
+                    trains.setdefault(k, call)
+            else:
+                others |= keys
+        if not trains:
+            return []
+        grad = grad_context(an)
+        found = []
+        seen = set()
+        for call in an.nodes(cst.Call):
+            func = call.func
+            target = func.value if isinstance(func, cst.Attribute) and func.attr.value == "forward" else func
+            if not isinstance(target, (cst.Name, cst.Attribute)) or (
+                    isinstance(func, cst.Attribute) and func.attr.value in S.NON_FORWARD_METHODS):
+                continue
+            objs = models(an).roots(target)
+            keys = _ids(an, target)
+            train = next((trains[k] for k in sorted(keys) if k in trains), None)
+            if train is None or keys & others or _owners(an, target) & others or \
+                    isinstance(an.index.parent_of(call), cst.Expr):
+                continue
+            site = _scoring_site(an, grad, call)
+            if site is None or id(site) in seen or _trained_just_before(an, keys, trains, site, call):
+                continue
+            if _mode_free_class(an, objs) or _hands_to_mode_setter(an, keys):
+                continue
+            seen.add(id(site))
+            found.append(TrainModeScore(dotted_name(target) or "model", site, call, train))
+        return found
+    return a.facet("train_mode_scores", build)
+
+
+def _ids(a: "Analysis", expr: cst.BaseExpression) -> frozenset:
+    """The identity keys of ``expr``'s object; for an attribute of ``self`` bound to what the linter cannot follow
+    (``self.actor, self.opt = strategy.prepare(...)``), the attribute of its class."""
+    keys = _keys(a, expr)
+    if keys or not isinstance(expr, cst.Attribute) or not (isinstance(expr.value, cst.Name) and expr.value.value in (
+            "self", "cls")):
+        return keys
+    cls = a.enclosing_class(expr)
+    return frozenset({f"{cls.name.value}.{expr.attr.value}@attribute"}) if cls is not None else keys
+
+
+def _instance(a: "Analysis", expr: cst.BaseExpression) -> frozenset:
+    """``self`` in a method: the instance of its class (its mode methods set the mode of every submodule)."""
+    if isinstance(expr, cst.Name) and expr.value in ("self", "cls"):
+        cls = a.enclosing_class(expr)
+        if cls is not None:
+            return frozenset({f"{cls.name.value}@instance"})
+    return frozenset()
+
+
+def _owners(a: "Analysis", target: cst.BaseExpression) -> frozenset:
+    """The objects ``target`` is a submodule of (``self`` and ``self.body`` for ``self.body.head``): a mode method
+    called on one of them sets the mode of ``target`` too."""
+    found: set = set()
+    while isinstance(target, cst.Attribute):
+        target = target.value
+        found |= _ids(a, target) | _instance(a, target)
+    return frozenset(found)
+
+
+def _trained_just_before(a: "Analysis", keys: frozenset, trains: dict, site: cst.Call, forward: cst.Call) -> bool:
+    """Whether the function that scores puts the model in train mode itself before it scores (a test of the train
+    path, a pass deliberately run with dropout on): the mode is chosen there, not left over from an update."""
+    order = a.index.order
+    for node in (site, forward):
+        func = a.enclosing_function(node)
+        for call in a.nodes(cst.Call):
+            if _sets_train(call) and a.enclosing_function(call) is func and order[id(call)] < order[id(node)] and \
+                    S.receiver(call) is not None and _ids(a, S.receiver(call)) & keys:
+                return True
+    return False
+
+
+def _scoring_site(a: "Analysis", grad, call: cst.Call, depth: int = 2) -> cst.Call | None:
+    """Where the forward ``call`` runs with autograd off: the call itself, or a call of the same-module helper that
+    runs it made under ``torch.no_grad()`` (None when autograd is on or not known there)."""
+    state = grad.enabled(call)
+    if state is False:
+        return call
+    if state is None or depth <= 0:
+        return None
+    func = a.enclosing_function(call)
+    if func is None:
+        return None
+    for site in call_sites(a, func):
+        hit = _scoring_site(a, grad, site, depth - 1)
+        if hit is not None:
+            return hit
+    return None
+
+
+def _hands_to_mode_setter(a: "Analysis", keys: frozenset) -> bool:
+    """Whether the model is handed to a call that may set its mode: a same-module helper that sets a mode on its
+    parameter (or hands it on), or a call out of view named for a mode (``set_eval(model)``, ``evaluate(model)``)."""
+    for call in a.nodes(cst.Call):
+        for arg in call.args:
+            value = arg.value
+            if not isinstance(value, (cst.Name, cst.Attribute)) or not _ids(a, value) & keys:
+                continue
+            if _is_own_forward(a, call, keys):
+                continue
+            callee = a.callee(call)
+            if callee is not None:
+                if _helper_sets(a, callee, call, arg, 1):
+                    return True
+            elif _EVAL_CALL.fullmatch((a.call_name(call) or "").rsplit(".", 1)[-1]):
+                return True
+    return False

@@ -6,7 +6,7 @@ from typing import Iterator
 
 from rlguard.catalog import TRAIN_MODE_SCORING
 from rlguard.lint.analysis import Analysis
-from rlguard.lint.analysis.modes import mode_is_set, scoring_copies
+from rlguard.lint.analysis.modes import mode_is_set, scoring_copies, train_mode_scores
 from rlguard.lint.rule import Invalid, Rule, Valid, Violation
 
 
@@ -35,6 +35,29 @@ class TrainModeScoring(Rule):
     set in the module, and when it is an instance of a class of the module built only of layers without dropout or
     batch statistics (its mode changes nothing). `requires_grad_(False)` does not count: it freezes the weights and
     leaves dropout on.
+
+    It also flags a forward, run with autograd off to score (old log-probs, values), of a model the module puts in
+    train mode (`.train()`, `set_training_mode(True)`) and never in any other mode: after the update step that sets
+    train mode, the next scoring pass runs with dropout on.
+
+    ```python
+    class Actor:
+        @torch.no_grad()
+        def old_logprobs(self, ids):
+            return self._logprobs(ids)      # runs self.module(ids): still in the train mode of update()
+        def update(self, ids):
+            self.module.train()
+            ...
+    ```
+
+    The forward runs under `torch.no_grad()`/`inference_mode()` itself, or in a same-module helper called there; a
+    model attribute bound to what the linter cannot follow (`self.actor, self.opt = strategy.prepare(...)`) is
+    known by its attribute. It is silent when any other mode method is called on the model in the module
+    (`.eval()`, `.train(False)`, wherever) or on a module that owns it (`self.eval()` for `self.trunk`), when the
+    function that scores puts it in train mode itself before the forward (a deliberate train-mode pass), when the model is handed to a same-module helper that sets a mode, or
+    to a call out of view named for one (`set_eval(model)`), when the forward's output is dropped (a pass that
+    refreshes batch statistics), and when the model is an instance of a class of the module without dropout or
+    batch statistics.
 
     ## Why it is wrong
     A module in train mode samples its dropout masks (LoRA dropout included) on every forward. Old-policy log-probs
@@ -75,7 +98,7 @@ class TrainModeScoring(Rule):
     code = TRAIN_MODE_SCORING
     # preview: a new rule; its precision on code it was not tuned on is not yet shown by the ecosystem check
     preview = True
-    triggers = (r"deepcopy|load_state_dict", r"requires_grad|no_grad|inference_mode")
+    triggers = (r"deepcopy|load_state_dict|\.train\(", r"requires_grad|no_grad|inference_mode")
 
     VALID = [
         Valid("import copy\n"
@@ -163,6 +186,76 @@ class TrainModeScoring(Rule):
               "        p.requires_grad = False\n"
               "    return ref\n",
               "train(False) is eval mode", capability="C1", style="functional"),
+        Valid("class Actor:\n"
+              "    def __init__(self, module, optimizer):\n"
+              "        self.module = module\n"
+              "        self.optimizer = optimizer\n"
+              "    def _logprobs(self, ids):\n"
+              "        return self.module(ids).logits.log_softmax(-1)\n"
+              "    @torch.no_grad()\n"
+              "    def old_logprobs(self, ids):\n"
+              "        self.module.eval()\n"
+              "        return self._logprobs(ids)\n"
+              "    def update(self, ids):\n"
+              "        self.module.train()\n"
+              "        (-self._logprobs(ids).mean()).backward()\n"
+              "        self.optimizer.step()\n",
+              "the scoring method puts the trained module in eval mode first", capability="C3", style="class"),
+        Valid("def recalibrate(model, loader):\n"
+              "    model.train()\n"
+              "    with torch.no_grad():\n"
+              "        for x in loader:\n"
+              "            model(x)\n",
+              "a forward in train mode whose output is dropped refreshes batch statistics: no scoring",
+              capability="FP", style="functional"),
+        Valid("class Agent(nn.Module):\n"
+              "    def __init__(self):\n"
+              "        super().__init__()\n"
+              "        self.pi = nn.Sequential(nn.Linear(4, 64), nn.Tanh(), nn.Linear(64, 2))\n"
+              "    def forward(self, obs):\n"
+              "        return self.pi(obs)\n"
+              "agent = Agent()\n"
+              "for step in range(100):\n"
+              "    with torch.no_grad():\n"
+              "        logits = agent(obs)\n"
+              "    agent.train()\n"
+              "    update(agent, logits)\n",
+              "a module class of the file without dropout: its mode changes nothing", capability="FP", style="script"),
+        Valid("def to_eval(m):\n"
+              "    m.train(False)\n"
+              "def fit(policy, opt, ids):\n"
+              "    policy.train()\n"
+              "    policy(ids).loss.backward()\n"
+              "    opt.step()\n"
+              "def score(policy, ids):\n"
+              "    to_eval(policy)\n"
+              "    with torch.no_grad():\n"
+              "        return policy(ids).logits\n",
+              "a helper of the module sets the scoring mode", capability="C5", style="functional"),
+        Valid("class Discriminator(nn.Module):\n"
+              "    def __init__(self, trunk, optimizer):\n"
+              "        super().__init__()\n"
+              "        self.trunk = trunk\n"
+              "        self.optimizer = optimizer\n"
+              "    def update(self, x, y):\n"
+              "        self.trunk.train()\n"
+              "        loss_fn(self.trunk(x), y).backward()\n"
+              "        self.optimizer.step()\n"
+              "    def predict(self, x):\n"
+              "        with torch.no_grad():\n"
+              "            self.eval()\n"
+              "            return self.trunk(x).sigmoid()\n",
+              "eval() on the module that owns the submodule sets the submodule's mode", capability="C3",
+              style="class"),
+        Valid("def test_patched_forward_matches(model, ids):\n"
+              "    model.train()\n"
+              "    with torch.no_grad():\n"
+              "        expected = model(ids).logits\n"
+              "    patch_attention()\n"
+              "    got = model(ids).logits\n"
+              "    assert torch.allclose(expected, got)\n",
+              "the function puts the model in train mode itself right before: a deliberate train-mode pass",
+              capability="FP", style="script"),
     ]
     INVALID = [
         Invalid("from rlguard.reference.model import TinyCausalLM\n"
@@ -226,6 +319,41 @@ class TrainModeScoring(Rule):
                 "        self.ref_module = copy.deepcopy(self.actor_module)\n"
                 "        self.ref_module.requires_grad_(False)\n", line=5,
                 why="stored on self, frozen, copied after train()", capability="C8", style="framework"),
+        Invalid("class Actor:\n"
+                "    def __init__(self, module, optimizer):\n"
+                "        self.module = module\n"
+                "        self.optimizer = optimizer\n"
+                "    def _logprobs(self, ids):\n"
+                "        return self.module(ids).logits.log_softmax(-1)\n"
+                "    @torch.no_grad()\n"
+                "    def old_logprobs(self, ids):\n"
+                "        return self._logprobs(ids)\n"
+                "    def update(self, ids):\n"
+                "        self.module.train()\n"
+                "        (-self._logprobs(ids).mean()).backward()\n"
+                "        self.optimizer.step()\n", line=9,
+                why="the update puts the module in train mode; the old log-probs are scored by a helper under "
+                    "no_grad, never in eval mode", capability="C3", style="class"),
+        Invalid("def fit(policy, opt, loader):\n"
+                "    for batch in loader:\n"
+                "        with torch.no_grad():\n"
+                "            old = policy(batch).log_softmax(-1)\n"
+                "        policy.train()\n"
+                "        loss_fn(policy(batch), old).backward()\n"
+                "        opt.step()\n", line=4,
+                why="from the second batch on, the old log-probs are scored in the train mode the update set",
+                capability="C4", style="functional"),
+        Invalid("class Worker:\n"
+                "    def setup(self, strategy, model):\n"
+                "        self.model, self.opt = strategy.prepare(model)\n"
+                "    def fit(self):\n"
+                "        self.model.train()\n"
+                "    def values(self, ids):\n"
+                "        with torch.inference_mode():\n"
+                "            v = self.model(ids)\n"
+                "        return v\n", line=8,
+                why="an attribute bound out of view, put in train mode in one method, scored in another",
+                capability="C8", style="framework"),
     ]
 
     def check(self, ctx: Analysis) -> Iterator[Violation]:
@@ -240,3 +368,9 @@ class TrainModeScoring(Rule):
             yield Violation(copy.call, f"`{name}` {built} and is never put in eval mode, yet {use}: its dropout "
                                        f"stays on, so its log-probs are noisy (the ratio is not 1 before a step, the "
                                        f"KL to an identical reference is not 0); call `{name}.eval()`")
+        for score in train_mode_scores(ctx):
+            name = score.name
+            yield Violation(score.site, f"`{name}` is put in train mode (`.train()`) and never in eval mode in this "
+                                        f"module, yet it scores here with autograd off: its dropout stays on, so the "
+                                        f"log-probs or values it gives are noisy (the ratio is not 1 before a step); "
+                                        f"call `{name}.eval()` before scoring")
