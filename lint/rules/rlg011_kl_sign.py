@@ -181,6 +181,13 @@ class KlSign(Rule):
               "        return hinge + self.reg_weight * nll\n",
               "no reference model: the helper's reference parameter is bound to a zero tensor, so its score is the "
               "log-likelihood, not a log-ratio (a KL needs a reference's log-probs)", capability="FP", style="class"),
+        Valid("from accelerate.utils import gather\n"
+              "def score(self, scores, old_per_token_logps, ref_per_token_logps, mask):\n"
+              "    kl = ((old_per_token_logps - ref_per_token_logps) * mask).sum(-1)\n"
+              "    kl = gather(kl)\n"
+              "    rewards = scores - self.beta * kl\n"
+              "    return rewards\n",
+              "the same KL subtracted from the reward", capability="C2", style="class"),
     ]
     INVALID = [
         Invalid("loss = pg_loss - kl_coef * kl\n", line=1, fixed="loss = pg_loss + kl_coef * kl\n", preview=True),
@@ -326,6 +333,14 @@ class KlSign(Rule):
                 "    loss.backward()\n", line=7,
                 why="the coefficient is a field of the parsed arguments: their container is in view, the field is "
                     "the option's", capability="C6", style="script"),
+        Invalid("from accelerate.utils import gather\n"
+                "def score(self, scores, old_per_token_logps, ref_per_token_logps, mask):\n"
+                "    kl = ((old_per_token_logps - ref_per_token_logps) * mask).sum(-1)\n"
+                "    kl = gather(kl)\n"
+                "    rewards = scores + self.beta * kl\n"
+                "    return rewards\n", line=5,
+                why="the sampling policy's log-probs minus the reference's, gathered across processes: a KL",
+                capability="C2", style="class", preview=True),
     ]
 
     def check(self, ctx: Analysis) -> Iterator[Violation]:
