@@ -340,7 +340,7 @@ class KlSign(Rule):
                 "    rewards = scores + self.beta * kl\n"
                 "    return rewards\n", line=5,
                 why="the sampling policy's log-probs minus the reference's, gathered across processes: a KL",
-                capability="C2", style="class", preview=True),
+                capability="C2", style="class"),
     ]
 
     def check(self, ctx: Analysis) -> Iterator[Violation]:
