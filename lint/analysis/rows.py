@@ -106,6 +106,13 @@ class RowFacet(Facet):
     def __init__(self, a: "Analysis"):
         self.a = a
         self.models = models(a)
+        # the rows a fresh filter or permutation was computed from (`order = (labels != -100).argsort()`: labels'
+        # rows), by its space: those rows are the batch the selection is meant for
+        self.sources: dict[str, set[tuple]] = {}
+
+    def _made_from(self, space: str, source) -> None:
+        if _is_rows(source):
+            self.sources.setdefault(space, set()).add((source.space, source.field))
 
     # ----- lattice ----------------------------------------------------------------------------------------------
     def join(self, values):
@@ -113,7 +120,15 @@ class RowFacet(Facet):
         if not kept:
             return NONE if values else None
         first = kept[0]
-        return first if all(v == first for v in kept) else None
+        if all(v == first for v in kept):
+            return first
+        # the same rows of one batch under different names on two paths (`labels = shift_labels.reshape(-1)` or
+        # `labels = labels[..., 1:].reshape(-1)`): one field whose name is either
+        if all(_is_rows(v) for v in kept) and all(v.space == first.space and v.ops == first.ops and
+                                                  v.derived == first.derived for v in kept):
+            fields = sorted({f for v in kept for f in (v.field or "").split("|") if f})
+            return replace(first, field="|".join(fields) or None)
+        return None
 
     def combine(self, values) -> Rows | None:
         """The rows of an elementwise combination: the common rows, ignoring numbers and full reductions."""
@@ -228,7 +243,12 @@ class RowFacet(Facet):
             return None
         if isinstance(first, cst.Slice):
             full = first.lower is None and first.upper is None and first.step is None
-            return replace(value, derived=True) if full else None
+            if full:
+                return replace(value, derived=True)
+            if first.step is not None or any(not _plain_axis(el.slice) for el in expr.slice[1:]):
+                return None
+            # a contiguous run of rows (`x[start : start + n]`): the same bounds take the same rows of every field
+            return Rows(value.space, value.field, value.ops + (("slice", self.a.code(first)),), True)
         inner = first.value
         if any(not _plain_axis(el.slice) for el in expr.slice[1:]):
             return None  # `x[rows, cols]`: elements gathered by several index tensors, not rows
@@ -245,6 +265,7 @@ class RowFacet(Facet):
         """The selection an index expression makes: ``("sel", space, field, ops)`` of its own rows, or None."""
         text = _filter_text(self.a, index)
         if text is not None:
+            self._made_from("filter:" + text, trace.value(index, frame))
             return ("sel", "filter:" + text, None, ())
         value = trace.value(index, frame)
         if not _is_rows(value):
@@ -267,11 +288,13 @@ class RowFacet(Facet):
             source = trace.value(recv if method == "argsort" else S.argument(call, 0, "input"), frame)
             if _is_rows(source) and source.space.startswith("perm:") and not source.ops:
                 return Rows("inv:" + source.space[5:], None, (), True)  # argsort of a permutation: its inverse
-            return Rows("perm:" + a.code(call), None, (), True)
+            self._made_from("perm:" + code, source)
+            return Rows("perm:" + code, None, (), True)
         if method in ("sort", "topk") or name in ("torch.sort", "torch.topk"):
             kind = "perm:" if (method or name.rsplit(".", 1)[-1]) == "sort" else "topk:"
             source = trace.value(recv if method else S.argument(call, 0, "input"), frame)
             perm = Rows(kind + code, None, (), True)
+            self._made_from(perm.space, source)
             values = Rows(source.space, source.field, _compose(source.ops, ("sel", perm.space, None, ())), True) \
                 if _is_rows(source) else None
             return Parts((values, perm))
@@ -299,6 +322,12 @@ class RowFacet(Facet):
             if value == 0:
                 return SCALAR
             return _derived(trace.value(recv, frame)) if value is not None else None
+        if method in ("reshape", "view") and recv is not None and call.args and \
+                S.int_value(call.args[0].value) == -1:
+            # rows (and the dims after them) flattened into one leading dim: every field flattened alike stays in
+            # step with the others
+            source = trace.value(recv, frame)
+            return Rows(source.space, source.field, source.ops + (("flat",),), True) if _is_rows(source) else None
         if method in ("unsqueeze", "squeeze") and recv is not None:
             dim = S.int_value(S.argument(call, 0, "dim"))
             return _derived(trace.value(recv, frame)) if dim is not None and dim != 0 else None
@@ -430,7 +459,7 @@ def out_of_step(a: "Analysis") -> list[OutOfStep]:
                 if _is_rows(value) and not _fresh(value):
                     by_space.setdefault(value.space, []).append((expr, value))
             for members in by_space.values():
-                finding = _judge(an, node, members)
+                finding = _judge(an, node, members, trace.facet.sources)
                 if finding is not None:
                     found.append(finding)
         return found
@@ -456,13 +485,13 @@ def _selects_rows(a: "Analysis", scope: cst.CSTNode) -> bool:
     return False
 
 
-def _judge(a: "Analysis", node: cst.CSTNode, members: list) -> OutOfStep | None:
+def _judge(a: "Analysis", node: cst.CSTNode, members: list, sources: dict) -> OutOfStep | None:
     selected: dict[tuple, list] = {}
     plain = []
     for expr, value in members:
-        if value.ops:
+        if value.ops and not _same_rows(value.ops):
             selected.setdefault(value.ops, []).append(expr)
-        elif _row_field(a, value):
+        elif _row_field(a, value, sources, ()):
             plain.append(expr)
     groups = sorted(selected.items(), key=lambda kv: -len(kv[1]))
     # reordered: two selections of the same rows, one through a reordering the other lacks (the smaller group is
@@ -474,6 +503,33 @@ def _judge(a: "Analysis", node: cst.CSTNode, members: list) -> OutOfStep | None:
     # left behind: row fields in the old order beside fields selected by a filter or permutation built in view
     if plain and len(groups) == 1 and all(_fresh_selection(op) for op in groups[0][0]):
         return OutOfStep(node, tuple(plain), tuple(groups[0][1]), "left behind")
+    # ... or both taken through the same row operations (flattened alike, the same slice of rows), one with a fresh
+    # selection more: `hidden[order][s:e]` beside `labels[s:e]`
+    values = {id(expr): value for expr, value in members}
+    histories: dict[tuple, list] = {}
+    for expr, value in members:
+        histories.setdefault(value.ops, []).append(expr)
+    for ops_x, group_x in histories.items():
+        for ops_y, group_y in histories.items():
+            step = _one_selection_more(ops_x, ops_y)
+            if step is not None and all(_row_field(a, values[id(e)], sources, step) for e in group_y):
+                return OutOfStep(node, tuple(group_y), tuple(group_x), "left behind")
+    return None
+
+
+def _same_rows(ops: tuple) -> bool:
+    """Ops that keep every row where it is, for the fields of one batch alike: flattening rows into tokens."""
+    return all(op == ("flat",) for op in ops)
+
+
+def _one_selection_more(x: tuple, y: tuple) -> tuple | None:
+    """The fresh selection ``x`` applies and ``y`` lacks when ``x`` is ``y`` with exactly that one step inserted
+    (the rest of both histories identical), else None."""
+    if len(x) != len(y) + 1:
+        return None
+    for i, op in enumerate(x):
+        if _fresh_selection(op) and not op[3] and x[:i] + x[i + 1:] == y:
+            return op
     return None
 
 
@@ -499,12 +555,16 @@ def _reordered(x: tuple, y: tuple) -> bool:
     return reorders(inner_p) != reorders(inner_q) and rest(inner_p) == rest(inner_q)
 
 
-def _row_field(a: "Analysis", value: Rows) -> bool:
+def _row_field(a: "Analysis", value: Rows, sources: dict, selection: tuple) -> bool:
     """Whether an operand left in the old order is a row field of the batch: an entry of a container or an element
-    of an unpacking (its place says so), or a parameter named for a per-row field."""
+    of an unpacking (its place says so), the field whose rows the selection it lacks was computed from
+    (``order = (labels != -100).argsort()`` applied to ``hidden`` and not to ``labels``), or a parameter named for
+    a per-row field."""
     if not value.space.startswith("params@") or "/" in value.space:
         return True
-    return any(a.names.is_role(value.field, role) for role in ROW_ROLES)
+    if selection and (value.space, value.field) in sources.get(selection[1], ()):
+        return True
+    return any(a.names.is_role(field, role) for field in (value.field or "").split("|") for role in ROW_ROLES)
 
 
 __all__ = ["OutOfStep", "Rows", "out_of_step", "row_trace"]

@@ -123,6 +123,34 @@ class RowsOutOfStep(Rule):
               "out = model.generate(prompts[order])\n"
               "texts = decode(out, lens[order])\n",
               "both sides of the generation sorted", capability="C12", style="script"),
+        Valid("def chunked_ce(hidden, targets, head, size):\n"
+              "    h = hidden.reshape(-1, hidden.size(-1))\n"
+              "    t = targets.reshape(-1)\n"
+              "    order = (t != -100).to(torch.int8).argsort(descending=True, stable=True)\n"
+              "    h, t = h[order], t[order]\n"
+              "    total = 0.0\n"
+              "    for s in range(0, t.numel(), size):\n"
+              "        total = total + ce(h[s : s + size], head, t[s : s + size])\n"
+              "    return total\n",
+              "tokens flattened, valid ones packed first in every field, then the same chunk of each",
+              capability="C7", style="functional"),
+        Valid("def pair_loss(policy_logps, ref_logps, n):\n"
+              "    order = policy_logps[:n].argsort()\n"
+              "    margin = policy_logps[:n] - policy_logps[n:]\n"
+              "    ref_margin = ref_logps[:n] - ref_logps[n:]\n"
+              "    return sigmoid_loss(margin - ref_margin), order\n",
+              "chosen and rejected halves taken by different row slices on purpose", capability="FP",
+              style="functional"),
+        Valid("def shifted_ce(hidden, labels, shift_labels, head):\n"
+              "    if shift_labels is not None:\n"
+              "        t = shift_labels.reshape(-1)\n"
+              "    else:\n"
+              "        t = labels[..., 1:].reshape(-1)\n"
+              "    h = hidden.reshape(-1, hidden.size(-1))\n"
+              "    keep = t != -100\n"
+              "    return ce(h[keep], head, t[keep])\n",
+              "labels from either branch, both fields filtered by the same mask", capability="C2",
+              style="functional"),
     ]
     INVALID = [
         Invalid("def minibatch_backward(model, ids, rows, action_mask, old_log_probs, advantages, cfg, parts):\n"
@@ -168,6 +196,27 @@ class RowsOutOfStep(Rule):
                 "    _, best = scores.topk(k)\n"
                 "    return (logp[best] - old_logp).exp()\n", line=3,
                 why="topk rows of the log-probs, all rows of the old ones", capability="C9", style="functional"),
+        Invalid("def chunked_ce(hidden, targets, head, size):\n"
+                "    h = hidden.reshape(-1, hidden.size(-1))\n"
+                "    t = targets.reshape(-1)\n"
+                "    order = (t != -100).to(torch.int8).argsort(descending=True, stable=True)\n"
+                "    h = h[order]\n"
+                "    total = 0.0\n"
+                "    for s in range(0, t.numel(), size):\n"
+                "        total = total + ce(h[s : s + size], head, t[s : s + size])\n"
+                "    return total\n", line=8,
+                why="hidden states packed by the order made from the targets, the targets left unpacked; both "
+                    "then chunked alike", capability="C7", style="functional"),
+        Invalid("def shifted_ce(hidden, labels, shift_labels, head):\n"
+                "    if shift_labels is not None:\n"
+                "        t = shift_labels.reshape(-1)\n"
+                "    else:\n"
+                "        t = labels[..., 1:].reshape(-1)\n"
+                "    h = hidden.reshape(-1, hidden.size(-1))\n"
+                "    order = (t == -100).argsort(stable=True)\n"
+                "    return ce(h[order][:512], head, t[:512])\n", line=8,
+                why="labels from either branch are the rows the order was made from; only the hidden states "
+                    "follow it", capability="C2", style="functional"),
     ]
 
     def check(self, ctx: Analysis) -> Iterator[Violation]:
