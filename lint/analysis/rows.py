@@ -8,7 +8,10 @@ fresh permutation (``torch.randperm(n)``, ``lengths.argsort()``, the indices of 
 keep mask or the ``nonzero()`` of one (a filter), ``rows[order]`` (a reordering of ``rows``), ``order.argsort()``
 (the inverse of ``order``: applying both restores the order). Operations that keep each row where it is keep the
 value (casts, elementwise arithmetic, reductions over other dims, slices of other dims, model forwards of the
-ids, log-prob helpers); anything else is *unknown* and stops the walk.
+ids, log-prob helpers); flattening rows into tokens (``reshape(-1, ...)``) and a contiguous slice of rows
+(``x[s : s + n]``) are row operations recorded like selections, so fields flattened or sliced alike stay in step;
+one field under two names on two paths joins into one. Each fresh filter or permutation remembers the rows it was
+computed from. Anything else is *unknown* and stops the walk.
 
 :func:`out_of_step` reads the places where tensors meet (the arguments of one call, the operands of one
 arithmetic operation, the values of one dict literal) and reports two tensors of one space whose rows are not in
@@ -20,7 +23,10 @@ step:
 - ``left behind``: one re-indexed by a filter or permutation built in view (``ids = ids[order]``,
   ``rewards = rewards[keep]``) and the other not, where the other is a row field of the same batch by its place
   (an entry of the same container, an element of the same unpacking) or, for two parameters of one function, by
-  its name (old/reference log-probs, advantages, rewards, returns, masks, token ids).
+  its name (old/reference log-probs, advantages, rewards, returns, masks, token ids), or because the selection was
+  computed from its rows; both may share every other row operation (``hidden[order][s:e]`` beside ``labels[s:e]``).
+  A run of consecutive ``name = value`` statements that takes a shuffled minibatch field by field is a meeting
+  too: one whole tensor among fields taken by one fresh index is left behind.
 
 Index values that are the same value (``idx = order``, one dict comprehension ``{k: v[idx] ...}``, the same
 argsort written twice) are one selection.
@@ -282,8 +288,10 @@ class RowFacet(Facet):
             return Parts(tuple(trace.value(arg.value, frame) for arg in call.args))
         if name in _SCALAR_CALLS or method in ("item", "tolist", "numel", "size", "dim", "nelement"):
             return SCALAR
-        if name == "torch.randperm":
-            return Rows("perm:" + code, None, (), True)
+        if name in ("torch.randperm", "np.random.permutation", "numpy.random.permutation") or (
+                method == "permutation" and call.args and S.int_value(call.args[0].value) is None and
+                trace.value(call.args[0].value, frame) in (SCALAR, MAYBE)):
+            return Rows("perm:" + code, None, (), True)  # a shuffled order of n rows (`rng.permutation(n)`)
         if method == "argsort" or name == "torch.argsort":
             source = trace.value(recv if method == "argsort" else S.argument(call, 0, "input"), frame)
             if _is_rows(source) and source.space.startswith("perm:") and not source.ops:
@@ -442,6 +450,7 @@ def out_of_step(a: "Analysis") -> list[OutOfStep]:
         trace = row_trace(an)
         found = []
         selecting: dict[int, bool] = {}
+        found.extend(_assembled(an, trace))
         for node in an.nodes(cst.Call, cst.BinaryOperation, cst.Dict):
             if isinstance(node, cst.Call) and (an.call_name(node) or "") in ("zip", "torch.cat", "torch.stack"):
                 continue
@@ -466,7 +475,79 @@ def out_of_step(a: "Analysis") -> list[OutOfStep]:
     return a.facet("rows_out_of_step", build)
 
 
-_SELECTING = frozenset({"argsort", "sort", "topk", "nonzero", "randperm", "where"})
+def _assembled(a: "Analysis", trace: Trace) -> list[OutOfStep]:
+    """Fields of one minibatch taken one after another (a run of consecutive ``name = value`` statements, the
+    statement form of a dict literal), at least two of them by the same index built from a filter or permutation
+    in view (``mb_adv = adv[mb_inds]``, ``mb_inds`` a slice of a shuffled order), and one other a whole tensor
+    (``mb_ret = returns``): that one keeps every row in the old order."""
+    found = []
+    for body in a.nodes(cst.IndentedBlock, cst.Module):
+        run: list[tuple[cst.Assign, cst.BaseExpression]] = []
+        for stmt in list(body.body) + [None]:
+            assign = _simple_assign(stmt)
+            if assign is not None:
+                run.append(assign)
+                continue
+            if len(run) >= 3:
+                finding = _judge_run(a, trace, run)
+                if finding is not None:
+                    found.append(finding)
+            run = []
+    return found
+
+
+def _simple_assign(stmt) -> tuple | None:
+    if not isinstance(stmt, cst.SimpleStatementLine) or len(stmt.body) != 1:
+        return None
+    assign = stmt.body[0]
+    if not isinstance(assign, cst.Assign) or len(assign.targets) != 1 or \
+            not isinstance(assign.targets[0].target, cst.Name):
+        return None
+    return assign, assign.value
+
+
+def _judge_run(a: "Analysis", trace: Trace, run: list) -> OutOfStep | None:
+    by_index: dict[str, list] = {}
+    for assign, value in run:
+        if isinstance(value, cst.Subscript) and len(value.slice) == 1 and isinstance(value.slice[0].slice,
+                                                                                     cst.Index) and \
+                isinstance(value.value, cst.Name):
+            by_index.setdefault(a.code(value.slice[0].slice.value), []).append(value)
+    for text, selected in by_index.items():
+        if len(selected) < 2:
+            continue
+        index = selected[0].slice[0].slice.value
+        sel = trace.value(index)
+        if not (_is_rows(sel) and sel.space.startswith(("perm:", "filter:"))):
+            continue  # an index handed in, or not made of rows: nothing says the run is one shuffled minibatch
+        taken = {sub.value.value for sub in selected}
+        plain = []
+        for assign, value in run:
+            if not isinstance(value, cst.Name) or value.value in taken:
+                continue
+            rows = trace.value(value)
+            if rows in (SCALAR, MAYBE, NONE) or isinstance(rows, (Chunks, Parts)) or (_is_rows(rows) and _fresh(rows)):
+                continue  # a number, a config value, an index: not a field of the batch
+            if _is_rows(rows) and not _row_field(a, rows, {}, ()):
+                continue  # a parameter with no per-row role (`eps = clip`): may well be a number
+            if _indexed_by(a, value, text):
+                continue
+            plain.append(value)
+        if len(plain) == 1:
+            return OutOfStep(plain[0], tuple(plain), tuple(selected), "left behind")
+    return None
+
+
+def _indexed_by(a: "Analysis", name: cst.Name, index_text: str) -> bool:
+    """Whether the function takes rows of ``name`` by that index somewhere (the whole tensor then used on purpose)."""
+    scope = a.index.function_scope(name).node
+    subs = a.index.descendants(scope, cst.Subscript) if not isinstance(scope, cst.Module) else a.nodes(cst.Subscript)
+    return any(isinstance(sub.value, cst.Name) and sub.value.value == name.value and len(sub.slice) == 1 and
+               isinstance(sub.slice[0].slice, cst.Index) and a.code(sub.slice[0].slice.value) == index_text
+               for sub in subs)
+
+
+_SELECTING = frozenset({"argsort", "sort", "topk", "nonzero", "randperm", "permutation", "where"})
 
 
 def _selects_rows(a: "Analysis", scope: cst.CSTNode) -> bool:

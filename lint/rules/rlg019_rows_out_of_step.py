@@ -30,11 +30,19 @@ class RowsOutOfStep(Rule):
     - **left behind**: some fields re-indexed by a filter or permutation built in view (`argsort`, `sort`,
       `topk`, `nonzero`, `randperm`, a boolean keep mask), the others not, when the others are row fields of the
       same batch: entries of the same container (`batch["old_logp"]` beside `batch["ids"][keep]`), elements of the
-      same unpacking, or parameters named for per-row fields (old and reference log-probs, advantages, rewards,
-      returns, masks, token ids).
+      same unpacking, the field the filter or permutation was computed from (`order = (labels != -100).argsort()`
+      applied to the hidden states and not to `labels`), or parameters named for per-row fields (old and reference
+      log-probs, advantages, rewards, returns, masks, token ids). The fields may have been through the same other
+      row operations first or after (flattened alike with `reshape(-1, ...)`, the same contiguous slice of rows
+      `x[s : s + n]`): `hidden[order][s:e]` beside `labels[s:e]`;
+    - **left behind in a minibatch**: a run of consecutive `name = value` statements that takes the fields of one
+      minibatch, two or more by the same index made from a shuffle or filter in view
+      (`np.random.permutation`, `randperm`, `argsort`, `nonzero`, sliced), and one other a whole tensor
+      (`mb_adv = advantages` beside `mb_logp = logp[mb_inds]`), one never indexed by that index in the function.
 
     Index values that are the same value are one selection: an alias (`idx = order`), one dict comprehension
-    (`{k: v[idx] for k, v in batch.items()}`), the same argsort written twice. A permutation followed by its
+    (`{k: v[idx] for k, v in batch.items()}`), the same argsort written twice. One field bound under two names
+    on two paths (`labels = shift_labels.reshape(-1)` or `labels[..., 1:].reshape(-1)`) is one field. A permutation followed by its
     inverse (`x[order][order.argsort()]`) restores the order. A row operation the rule does not model (a `view`
     across rows, a `cat`, a scatter into a new tensor) makes the rows unknown, which reports nothing.
 
@@ -151,6 +159,24 @@ class RowsOutOfStep(Rule):
               "    return ce(h[keep], head, t[keep])\n",
               "labels from either branch, both fields filtered by the same mask", capability="C2",
               style="functional"),
+        Valid("def epoch(model, obs, logp, adv, n, size, clip):\n"
+              "    order = np.random.permutation(n)\n"
+              "    for start in range(0, n, size):\n"
+              "        idx = order[start : start + size]\n"
+              "        mb_obs = obs[idx]\n"
+              "        mb_logp = logp[idx]\n"
+              "        mb_adv = adv[idx]\n"
+              "        eps = clip\n"
+              "        update(model, mb_obs, mb_logp, mb_adv, eps)\n",
+              "every field of the shuffled minibatch by one index; the whole value beside them is a number",
+              capability="C3", style="script"),
+        Valid("def epoch(model, obs, logp, adv, idx):\n"
+              "    mb_obs = obs[idx]\n"
+              "    mb_logp = logp[idx]\n"
+              "    mb_adv = adv\n"
+              "    return update(model, mb_obs, mb_logp, mb_adv)\n",
+              "an index handed in: nothing in view says its rows are the rows of adv", capability="FP",
+              style="functional"),
     ]
     INVALID = [
         Invalid("def minibatch_backward(model, ids, rows, action_mask, old_log_probs, advantages, cfg, parts):\n"
@@ -217,6 +243,16 @@ class RowsOutOfStep(Rule):
                 "    return ce(h[order][:512], head, t[:512])\n", line=8,
                 why="labels from either branch are the rows the order was made from; only the hidden states "
                     "follow it", capability="C2", style="functional"),
+        Invalid("def epoch(model, obs, logp, adv, n, size):\n"
+                "    order = np.random.permutation(n)\n"
+                "    for start in range(0, n, size):\n"
+                "        idx = order[start : start + size]\n"
+                "        mb_obs = obs[idx]\n"
+                "        mb_logp = logp[idx]\n"
+                "        mb_adv = adv\n"
+                "        update(model, mb_obs, mb_logp, mb_adv)\n", line=7,
+                why="a shuffled minibatch assembled field by field, the advantages taken whole", capability="C3",
+                style="script"),
     ]
 
     def check(self, ctx: Analysis) -> Iterator[Violation]:
