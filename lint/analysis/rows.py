@@ -26,7 +26,9 @@ step:
   its name (old/reference log-probs, advantages, rewards, returns, masks, token ids), or because the selection was
   computed from its rows; both may share every other row operation (``hidden[order][s:e]`` beside ``labels[s:e]``).
   A run of consecutive ``name = value`` statements that takes a shuffled minibatch field by field is a meeting
-  too: one whole tensor among fields taken by one fresh index is left behind.
+  too: one whole tensor among fields taken by one fresh index is left behind;
+- ``unapplied``: a row index built and never read, where the same expression bound to the same name re-indexes a
+  field elsewhere in the function: the field it was built for stays in the old order.
 
 Index values that are the same value (``idx = order``, one dict comprehension ``{k: v[idx] ...}``, the same
 argsort written twice) are one selection.
@@ -426,8 +428,7 @@ def row_trace(a: "Analysis") -> Trace:
 @dataclass(frozen=True)
 class OutOfStep:
     """Tensors of one batch that meet at ``node`` with rows out of step: ``odd`` (the operands whose rows differ
-    from the rest), ``others`` (the rest); ``kind``: ``reordered`` or ``left behind``; ``selection`` the index
-    expression text that makes the difference, when known."""
+    from the rest), ``others`` (the rest); ``kind``: ``reordered``, ``left behind`` or ``unapplied``."""
 
     node: cst.CSTNode
     odd: tuple[cst.BaseExpression, ...]
@@ -451,6 +452,7 @@ def out_of_step(a: "Analysis") -> list[OutOfStep]:
         found = []
         selecting: dict[int, bool] = {}
         found.extend(_assembled(an, trace))
+        found.extend(_unapplied(an))
         for node in an.nodes(cst.Call, cst.BinaryOperation, cst.Dict):
             if isinstance(node, cst.Call) and (an.call_name(node) or "") in ("zip", "torch.cat", "torch.stack"):
                 continue
@@ -493,6 +495,44 @@ def _assembled(a: "Analysis", trace: Trace) -> list[OutOfStep]:
                 if finding is not None:
                     found.append(finding)
             run = []
+    return found
+
+
+def _unapplied(a: "Analysis") -> list[OutOfStep]:
+    """A row index built and never read, the same expression bound to the same name re-indexing a field elsewhere
+    in the function (``revert = torch.tensor(reverse_of(order))`` then ``logp = logp[revert]`` in one block, the
+    same ``revert = ...`` built for ``entropy`` in the next and never applied): the field it was built for keeps
+    the old order while the other was re-indexed."""
+    found = []
+    for func in a.nodes(cst.FunctionDef):
+        applied: dict[tuple[str, str], tuple] = {}
+        for sub in a.index.descendants(func, cst.Subscript):
+            if len(sub.slice) != 1 or not isinstance(sub.slice[0].slice, cst.Index) or \
+                    not isinstance(sub.slice[0].slice.value, cst.Name) or a.index.function_scope(sub).node is not func:
+                continue
+            name = sub.slice[0].slice.value
+            for d in a.flow.reaching(name.value, name):
+                if d.kind == "assign" and d.element is None and isinstance(d.value, (cst.Call, cst.Subscript)):
+                    applied.setdefault((d.key, a.code(d.value)), (sub, set()))[1].add(id(d.stmt))
+        if not applied:
+            continue
+        loads = None
+        for assign in a.index.descendants(func, cst.Assign):
+            if len(assign.targets) != 1 or not isinstance(assign.targets[0].target, cst.Name) or \
+                    a.index.function_scope(assign).node is not func:
+                continue
+            target = assign.targets[0].target
+            hit = applied.get((target.value, a.code(assign.value)))
+            stmt = a.index.statement_of(assign)
+            if hit is None or id(stmt) in hit[1]:
+                continue
+            if loads is None:
+                targets = {id(t.target) for t in a.index.descendants(func, cst.AssignTarget)}
+                loads = [n for n in a.index.descendants(func, cst.Name) if id(n) not in targets]
+            if any(n.value == target.value and any(d.stmt is stmt for d in a.flow.reaching(n.value, n))
+                   for n in loads):
+                continue
+            found.append(OutOfStep(target, (target,), (hit[0],), "unapplied"))
     return found
 
 

@@ -22,7 +22,7 @@ class RowsOutOfStep(Rule):
     loss = ppo_loss(ids, mask, old_logp, adv)     # old_logp and adv still in the old order
     ```
 
-    Two forms are reported:
+    These forms are reported:
 
     - **reordered**: tensors selected by index values made from the same rows, one of them through a reordering
       the other lacks: `loss_fn(ids[part], old_logp[part], adv[unsorted], mask[part])`, where `part` is a chunk of
@@ -38,13 +38,17 @@ class RowsOutOfStep(Rule):
     - **left behind in a minibatch**: a run of consecutive `name = value` statements that takes the fields of one
       minibatch, two or more by the same index made from a shuffle or filter in view
       (`np.random.permutation`, `randperm`, `argsort`, `nonzero`, sliced), and one other a whole tensor
-      (`mb_adv = advantages` beside `mb_logp = logp[mb_inds]`), one never indexed by that index in the function.
+      (`mb_adv = advantages` beside `mb_logp = logp[mb_inds]`), one never indexed by that index in the function;
+    - **unapplied**: a row index built and never read, where the same expression bound to the same name re-indexes
+      a field elsewhere in the function (`back = torch.tensor(inverse_of(order))` then `logp = logp[back]`; the
+      same `back = ...` rebuilt for the entropies and never applied).
 
     Index values that are the same value are one selection: an alias (`idx = order`), one dict comprehension
     (`{k: v[idx] for k, v in batch.items()}`), the same argsort written twice. One field bound under two names
-    on two paths (`labels = shift_labels.reshape(-1)` or `labels[..., 1:].reshape(-1)`) is one field. A permutation followed by its
-    inverse (`x[order][order.argsort()]`) restores the order. A row operation the rule does not model (a `view`
-    across rows, a `cat`, a scatter into a new tensor) makes the rows unknown, which reports nothing.
+    on two paths (`labels = shift_labels.reshape(-1)` or `labels[..., 1:].reshape(-1)`) is one field. A
+    permutation followed by its inverse (`x[order][order.argsort()]`) restores the order. A row operation the rule
+    does not model (a `view` that splits rows, a `cat`, a scatter into a new tensor) makes the rows unknown, which
+    reports nothing.
 
     ## Why it is wrong
     Each episode is trained with another episode's advantage, old log-probs or reward: the ratio compares
@@ -177,6 +181,23 @@ class RowsOutOfStep(Rule):
               "    return update(model, mb_obs, mb_logp, mb_adv)\n",
               "an index handed in: nothing in view says its rows are the rows of adv", capability="FP",
               style="functional"),
+        Valid("def gather(outputs, order):\n"
+              "    logp = torch.cat([o['logp'] for o in outputs])\n"
+              "    back = torch.tensor(inverse_of(order))\n"
+              "    logp = logp[back]\n"
+              "    ent = torch.cat([o['ent'] for o in outputs])\n"
+              "    back = torch.tensor(inverse_of(order))\n"
+              "    ent = ent[back]\n"
+              "    return logp, ent\n",
+              "the restoring index rebuilt for each field and applied to each", capability="C7",
+              style="functional"),
+        Valid("def restore(outputs, order, fast):\n"
+              "    if fast:\n"
+              "        back = torch.tensor(inverse_of(order))\n"
+              "    else:\n"
+              "        back = torch.tensor(inverse_of(order))\n"
+              "    return torch.cat(outputs)[back]\n",
+              "the same index built on either branch, applied after both", capability="FP", style="functional"),
     ]
     INVALID = [
         Invalid("def minibatch_backward(model, ids, rows, action_mask, old_log_probs, advantages, cfg, parts):\n"
@@ -253,6 +274,15 @@ class RowsOutOfStep(Rule):
                 "        update(model, mb_obs, mb_logp, mb_adv)\n", line=7,
                 why="a shuffled minibatch assembled field by field, the advantages taken whole", capability="C3",
                 style="script"),
+        Invalid("def gather(outputs, order):\n"
+                "    logp = torch.cat([o['logp'] for o in outputs])\n"
+                "    back = torch.tensor(inverse_of(order))\n"
+                "    logp = logp[back]\n"
+                "    ent = torch.cat([o['ent'] for o in outputs])\n"
+                "    back = torch.tensor(inverse_of(order))\n"
+                "    return logp, ent\n", line=6,
+                why="the restoring index rebuilt for the entropies and never applied: the log-probs restored, "
+                    "the entropies not", capability="C7", style="functional"),
     ]
 
     def check(self, ctx: Analysis) -> Iterator[Violation]:
@@ -264,7 +294,11 @@ class RowsOutOfStep(Rule):
             reported.update(id(e) for e in found.odd)
             odd_text = ", ".join(f"`{ctx.code(e)}`" for e in found.odd)
             others = ", ".join(f"`{ctx.code(e)}`" for e in found.others[:3])
-            if found.kind == "reordered":
+            if found.kind == "unapplied":
+                message = (f"{odd_text} is built like the index of {others} but never applied: the rows it was "
+                           f"built for keep the old order while the others were re-indexed, so each episode "
+                           f"meets another episode's values; apply it to the field it was built for")
+            elif found.kind == "reordered":
                 message = (f"{odd_text} takes its rows by an index that is not reordered like the one of {others}, "
                            f"though both are made from the same rows: each episode meets another episode's "
                            f"values; index every field with the same index")
