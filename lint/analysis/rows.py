@@ -8,7 +8,10 @@ fresh permutation (``torch.randperm(n)``, ``lengths.argsort()``, the indices of 
 keep mask or the ``nonzero()`` of one (a filter), ``rows[order]`` (a reordering of ``rows``), ``order.argsort()``
 (the inverse of ``order``: applying both restores the order). Operations that keep each row where it is keep the
 value (casts, elementwise arithmetic, reductions over other dims, slices of other dims, model forwards of the
-ids, log-prob helpers); anything else is *unknown* and stops the walk.
+ids, log-prob helpers); flattening rows into tokens (``reshape(-1, ...)``) and a contiguous slice of rows
+(``x[s : s + n]``) are row operations recorded like selections, so fields flattened or sliced alike stay in step;
+one field under two names on two paths joins into one. Each fresh filter or permutation remembers the rows it was
+computed from. Anything else is *unknown* and stops the walk.
 
 :func:`out_of_step` reads the places where tensors meet (the arguments of one call, the operands of one
 arithmetic operation, the values of one dict literal) and reports two tensors of one space whose rows are not in
@@ -20,7 +23,12 @@ step:
 - ``left behind``: one re-indexed by a filter or permutation built in view (``ids = ids[order]``,
   ``rewards = rewards[keep]``) and the other not, where the other is a row field of the same batch by its place
   (an entry of the same container, an element of the same unpacking) or, for two parameters of one function, by
-  its name (old/reference log-probs, advantages, rewards, returns, masks, token ids).
+  its name (old/reference log-probs, advantages, rewards, returns, masks, token ids), or because the selection was
+  computed from its rows; both may share every other row operation (``hidden[order][s:e]`` beside ``labels[s:e]``).
+  A run of consecutive ``name = value`` statements that takes a shuffled minibatch field by field is a meeting
+  too: one whole tensor among fields taken by one fresh index is left behind;
+- ``unapplied``: a row index built and never read, where the same expression bound to the same name re-indexes a
+  field elsewhere in the function: the field it was built for stays in the old order.
 
 Index values that are the same value (``idx = order``, one dict comprehension ``{k: v[idx] ...}``, the same
 argsort written twice) are one selection.
@@ -106,6 +114,13 @@ class RowFacet(Facet):
     def __init__(self, a: "Analysis"):
         self.a = a
         self.models = models(a)
+        # the rows a fresh filter or permutation was computed from (`order = (labels != -100).argsort()`: labels'
+        # rows), by its space: those rows are the batch the selection is meant for
+        self.sources: dict[str, set[tuple]] = {}
+
+    def _made_from(self, space: str, source) -> None:
+        if _is_rows(source):
+            self.sources.setdefault(space, set()).add((source.space, source.field))
 
     # ----- lattice ----------------------------------------------------------------------------------------------
     def join(self, values):
@@ -113,7 +128,15 @@ class RowFacet(Facet):
         if not kept:
             return NONE if values else None
         first = kept[0]
-        return first if all(v == first for v in kept) else None
+        if all(v == first for v in kept):
+            return first
+        # the same rows of one batch under different names on two paths (`labels = shift_labels.reshape(-1)` or
+        # `labels = labels[..., 1:].reshape(-1)`): one field whose name is either
+        if all(_is_rows(v) for v in kept) and all(v.space == first.space and v.ops == first.ops and
+                                                  v.derived == first.derived for v in kept):
+            fields = sorted({f for v in kept for f in (v.field or "").split("|") if f})
+            return replace(first, field="|".join(fields) or None)
+        return None
 
     def combine(self, values) -> Rows | None:
         """The rows of an elementwise combination: the common rows, ignoring numbers and full reductions."""
@@ -228,7 +251,12 @@ class RowFacet(Facet):
             return None
         if isinstance(first, cst.Slice):
             full = first.lower is None and first.upper is None and first.step is None
-            return replace(value, derived=True) if full else None
+            if full:
+                return replace(value, derived=True)
+            if first.step is not None or any(not _plain_axis(el.slice) for el in expr.slice[1:]):
+                return None
+            # a contiguous run of rows (`x[start : start + n]`): the same bounds take the same rows of every field
+            return Rows(value.space, value.field, value.ops + (("slice", self.a.code(first)),), True)
         inner = first.value
         if any(not _plain_axis(el.slice) for el in expr.slice[1:]):
             return None  # `x[rows, cols]`: elements gathered by several index tensors, not rows
@@ -245,6 +273,7 @@ class RowFacet(Facet):
         """The selection an index expression makes: ``("sel", space, field, ops)`` of its own rows, or None."""
         text = _filter_text(self.a, index)
         if text is not None:
+            self._made_from("filter:" + text, trace.value(index, frame))
             return ("sel", "filter:" + text, None, ())
         value = trace.value(index, frame)
         if not _is_rows(value):
@@ -261,17 +290,21 @@ class RowFacet(Facet):
             return Parts(tuple(trace.value(arg.value, frame) for arg in call.args))
         if name in _SCALAR_CALLS or method in ("item", "tolist", "numel", "size", "dim", "nelement"):
             return SCALAR
-        if name == "torch.randperm":
-            return Rows("perm:" + code, None, (), True)
+        if name in ("torch.randperm", "np.random.permutation", "numpy.random.permutation") or (
+                method == "permutation" and call.args and S.int_value(call.args[0].value) is None and
+                trace.value(call.args[0].value, frame) in (SCALAR, MAYBE)):
+            return Rows("perm:" + code, None, (), True)  # a shuffled order of n rows (`rng.permutation(n)`)
         if method == "argsort" or name == "torch.argsort":
             source = trace.value(recv if method == "argsort" else S.argument(call, 0, "input"), frame)
             if _is_rows(source) and source.space.startswith("perm:") and not source.ops:
                 return Rows("inv:" + source.space[5:], None, (), True)  # argsort of a permutation: its inverse
-            return Rows("perm:" + a.code(call), None, (), True)
+            self._made_from("perm:" + code, source)
+            return Rows("perm:" + code, None, (), True)
         if method in ("sort", "topk") or name in ("torch.sort", "torch.topk"):
             kind = "perm:" if (method or name.rsplit(".", 1)[-1]) == "sort" else "topk:"
             source = trace.value(recv if method else S.argument(call, 0, "input"), frame)
             perm = Rows(kind + code, None, (), True)
+            self._made_from(perm.space, source)
             values = Rows(source.space, source.field, _compose(source.ops, ("sel", perm.space, None, ())), True) \
                 if _is_rows(source) else None
             return Parts((values, perm))
@@ -299,6 +332,12 @@ class RowFacet(Facet):
             if value == 0:
                 return SCALAR
             return _derived(trace.value(recv, frame)) if value is not None else None
+        if method in ("reshape", "view") and recv is not None and call.args and \
+                S.int_value(call.args[0].value) == -1:
+            # rows (and the dims after them) flattened into one leading dim: every field flattened alike stays in
+            # step with the others
+            source = trace.value(recv, frame)
+            return Rows(source.space, source.field, source.ops + (("flat",),), True) if _is_rows(source) else None
         if method in ("unsqueeze", "squeeze") and recv is not None:
             dim = S.int_value(S.argument(call, 0, "dim"))
             return _derived(trace.value(recv, frame)) if dim is not None and dim != 0 else None
@@ -389,8 +428,7 @@ def row_trace(a: "Analysis") -> Trace:
 @dataclass(frozen=True)
 class OutOfStep:
     """Tensors of one batch that meet at ``node`` with rows out of step: ``odd`` (the operands whose rows differ
-    from the rest), ``others`` (the rest); ``kind``: ``reordered`` or ``left behind``; ``selection`` the index
-    expression text that makes the difference, when known."""
+    from the rest), ``others`` (the rest); ``kind``: ``reordered``, ``left behind`` or ``unapplied``."""
 
     node: cst.CSTNode
     odd: tuple[cst.BaseExpression, ...]
@@ -413,6 +451,8 @@ def out_of_step(a: "Analysis") -> list[OutOfStep]:
         trace = row_trace(an)
         found = []
         selecting: dict[int, bool] = {}
+        found.extend(_assembled(an, trace))
+        found.extend(_unapplied(an))
         for node in an.nodes(cst.Call, cst.BinaryOperation, cst.Dict):
             if isinstance(node, cst.Call) and (an.call_name(node) or "") in ("zip", "torch.cat", "torch.stack"):
                 continue
@@ -430,14 +470,124 @@ def out_of_step(a: "Analysis") -> list[OutOfStep]:
                 if _is_rows(value) and not _fresh(value):
                     by_space.setdefault(value.space, []).append((expr, value))
             for members in by_space.values():
-                finding = _judge(an, node, members)
+                finding = _judge(an, node, members, trace.facet.sources)
                 if finding is not None:
                     found.append(finding)
         return found
     return a.facet("rows_out_of_step", build)
 
 
-_SELECTING = frozenset({"argsort", "sort", "topk", "nonzero", "randperm", "where"})
+def _assembled(a: "Analysis", trace: Trace) -> list[OutOfStep]:
+    """Fields of one minibatch taken one after another (a run of consecutive ``name = value`` statements, the
+    statement form of a dict literal), at least two of them by the same index built from a filter or permutation
+    in view (``mb_adv = adv[mb_inds]``, ``mb_inds`` a slice of a shuffled order), and one other a whole tensor
+    (``mb_ret = returns``): that one keeps every row in the old order."""
+    found = []
+    for body in a.nodes(cst.IndentedBlock, cst.Module):
+        run: list[tuple[cst.Assign, cst.BaseExpression]] = []
+        for stmt in list(body.body) + [None]:
+            assign = _simple_assign(stmt)
+            if assign is not None:
+                run.append(assign)
+                continue
+            if len(run) >= 3:
+                finding = _judge_run(a, trace, run)
+                if finding is not None:
+                    found.append(finding)
+            run = []
+    return found
+
+
+def _unapplied(a: "Analysis") -> list[OutOfStep]:
+    """A row index built and never read, the same expression bound to the same name re-indexing a field elsewhere
+    in the function (``revert = torch.tensor(reverse_of(order))`` then ``logp = logp[revert]`` in one block, the
+    same ``revert = ...`` built for ``entropy`` in the next and never applied): the field it was built for keeps
+    the old order while the other was re-indexed."""
+    found = []
+    for func in a.nodes(cst.FunctionDef):
+        applied: dict[tuple[str, str], tuple] = {}
+        for sub in a.index.descendants(func, cst.Subscript):
+            if len(sub.slice) != 1 or not isinstance(sub.slice[0].slice, cst.Index) or \
+                    not isinstance(sub.slice[0].slice.value, cst.Name) or a.index.function_scope(sub).node is not func:
+                continue
+            name = sub.slice[0].slice.value
+            for d in a.flow.reaching(name.value, name):
+                if d.kind == "assign" and d.element is None and isinstance(d.value, (cst.Call, cst.Subscript)):
+                    applied.setdefault((d.key, a.code(d.value)), (sub, set()))[1].add(id(d.stmt))
+        if not applied:
+            continue
+        loads = None
+        for assign in a.index.descendants(func, cst.Assign):
+            if len(assign.targets) != 1 or not isinstance(assign.targets[0].target, cst.Name) or \
+                    a.index.function_scope(assign).node is not func:
+                continue
+            target = assign.targets[0].target
+            hit = applied.get((target.value, a.code(assign.value)))
+            stmt = a.index.statement_of(assign)
+            if hit is None or id(stmt) in hit[1]:
+                continue
+            if loads is None:
+                targets = {id(t.target) for t in a.index.descendants(func, cst.AssignTarget)}
+                loads = [n for n in a.index.descendants(func, cst.Name) if id(n) not in targets]
+            if any(n.value == target.value and any(d.stmt is stmt for d in a.flow.reaching(n.value, n))
+                   for n in loads):
+                continue
+            found.append(OutOfStep(target, (target,), (hit[0],), "unapplied"))
+    return found
+
+
+def _simple_assign(stmt) -> tuple | None:
+    if not isinstance(stmt, cst.SimpleStatementLine) or len(stmt.body) != 1:
+        return None
+    assign = stmt.body[0]
+    if not isinstance(assign, cst.Assign) or len(assign.targets) != 1 or \
+            not isinstance(assign.targets[0].target, cst.Name):
+        return None
+    return assign, assign.value
+
+
+def _judge_run(a: "Analysis", trace: Trace, run: list) -> OutOfStep | None:
+    by_index: dict[str, list] = {}
+    for assign, value in run:
+        if isinstance(value, cst.Subscript) and len(value.slice) == 1 and isinstance(value.slice[0].slice,
+                                                                                     cst.Index) and \
+                isinstance(value.value, cst.Name):
+            by_index.setdefault(a.code(value.slice[0].slice.value), []).append(value)
+    for text, selected in by_index.items():
+        if len(selected) < 2:
+            continue
+        index = selected[0].slice[0].slice.value
+        sel = trace.value(index)
+        if not (_is_rows(sel) and sel.space.startswith(("perm:", "filter:"))):
+            continue  # an index handed in, or not made of rows: nothing says the run is one shuffled minibatch
+        taken = {sub.value.value for sub in selected}
+        plain = []
+        for assign, value in run:
+            if not isinstance(value, cst.Name) or value.value in taken:
+                continue
+            rows = trace.value(value)
+            if rows in (SCALAR, MAYBE, NONE) or isinstance(rows, (Chunks, Parts)) or (_is_rows(rows) and _fresh(rows)):
+                continue  # a number, a config value, an index: not a field of the batch
+            if _is_rows(rows) and not _row_field(a, rows, {}, ()):
+                continue  # a parameter with no per-row role (`eps = clip`): may well be a number
+            if _indexed_by(a, value, text):
+                continue
+            plain.append(value)
+        if len(plain) == 1:
+            return OutOfStep(plain[0], tuple(plain), tuple(selected), "left behind")
+    return None
+
+
+def _indexed_by(a: "Analysis", name: cst.Name, index_text: str) -> bool:
+    """Whether the function takes rows of ``name`` by that index somewhere (the whole tensor then used on purpose)."""
+    scope = a.index.function_scope(name).node
+    subs = a.index.descendants(scope, cst.Subscript) if not isinstance(scope, cst.Module) else a.nodes(cst.Subscript)
+    return any(isinstance(sub.value, cst.Name) and sub.value.value == name.value and len(sub.slice) == 1 and
+               isinstance(sub.slice[0].slice, cst.Index) and a.code(sub.slice[0].slice.value) == index_text
+               for sub in subs)
+
+
+_SELECTING = frozenset({"argsort", "sort", "topk", "nonzero", "randperm", "permutation", "where"})
 
 
 def _selects_rows(a: "Analysis", scope: cst.CSTNode) -> bool:
@@ -456,13 +606,13 @@ def _selects_rows(a: "Analysis", scope: cst.CSTNode) -> bool:
     return False
 
 
-def _judge(a: "Analysis", node: cst.CSTNode, members: list) -> OutOfStep | None:
+def _judge(a: "Analysis", node: cst.CSTNode, members: list, sources: dict) -> OutOfStep | None:
     selected: dict[tuple, list] = {}
     plain = []
     for expr, value in members:
-        if value.ops:
+        if value.ops and not _same_rows(value.ops):
             selected.setdefault(value.ops, []).append(expr)
-        elif _row_field(a, value):
+        elif _row_field(a, value, sources, ()):
             plain.append(expr)
     groups = sorted(selected.items(), key=lambda kv: -len(kv[1]))
     # reordered: two selections of the same rows, one through a reordering the other lacks (the smaller group is
@@ -474,6 +624,33 @@ def _judge(a: "Analysis", node: cst.CSTNode, members: list) -> OutOfStep | None:
     # left behind: row fields in the old order beside fields selected by a filter or permutation built in view
     if plain and len(groups) == 1 and all(_fresh_selection(op) for op in groups[0][0]):
         return OutOfStep(node, tuple(plain), tuple(groups[0][1]), "left behind")
+    # ... or both taken through the same row operations (flattened alike, the same slice of rows), one with a fresh
+    # selection more: `hidden[order][s:e]` beside `labels[s:e]`
+    values = {id(expr): value for expr, value in members}
+    histories: dict[tuple, list] = {}
+    for expr, value in members:
+        histories.setdefault(value.ops, []).append(expr)
+    for ops_x, group_x in histories.items():
+        for ops_y, group_y in histories.items():
+            step = _one_selection_more(ops_x, ops_y)
+            if step is not None and all(_row_field(a, values[id(e)], sources, step) for e in group_y):
+                return OutOfStep(node, tuple(group_y), tuple(group_x), "left behind")
+    return None
+
+
+def _same_rows(ops: tuple) -> bool:
+    """Ops that keep every row where it is, for the fields of one batch alike: flattening rows into tokens."""
+    return all(op == ("flat",) for op in ops)
+
+
+def _one_selection_more(x: tuple, y: tuple) -> tuple | None:
+    """The fresh selection ``x`` applies and ``y`` lacks when ``x`` is ``y`` with exactly that one step inserted
+    (the rest of both histories identical), else None."""
+    if len(x) != len(y) + 1:
+        return None
+    for i, op in enumerate(x):
+        if _fresh_selection(op) and not op[3] and x[:i] + x[i + 1:] == y:
+            return op
     return None
 
 
@@ -499,12 +676,16 @@ def _reordered(x: tuple, y: tuple) -> bool:
     return reorders(inner_p) != reorders(inner_q) and rest(inner_p) == rest(inner_q)
 
 
-def _row_field(a: "Analysis", value: Rows) -> bool:
+def _row_field(a: "Analysis", value: Rows, sources: dict, selection: tuple) -> bool:
     """Whether an operand left in the old order is a row field of the batch: an entry of a container or an element
-    of an unpacking (its place says so), or a parameter named for a per-row field."""
+    of an unpacking (its place says so), the field whose rows the selection it lacks was computed from
+    (``order = (labels != -100).argsort()`` applied to ``hidden`` and not to ``labels``), or a parameter named for
+    a per-row field."""
     if not value.space.startswith("params@") or "/" in value.space:
         return True
-    return any(a.names.is_role(value.field, role) for role in ROW_ROLES)
+    if selection and (value.space, value.field) in sources.get(selection[1], ()):
+        return True
+    return any(a.names.is_role(field, role) for field in (value.field or "").split("|") for role in ROW_ROLES)
 
 
 __all__ = ["OutOfStep", "Rows", "out_of_step", "row_trace"]

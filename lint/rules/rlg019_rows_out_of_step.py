@@ -22,7 +22,7 @@ class RowsOutOfStep(Rule):
     loss = ppo_loss(ids, mask, old_logp, adv)     # old_logp and adv still in the old order
     ```
 
-    Two forms are reported:
+    These forms are reported:
 
     - **reordered**: tensors selected by index values made from the same rows, one of them through a reordering
       the other lacks: `loss_fn(ids[part], old_logp[part], adv[unsorted], mask[part])`, where `part` is a chunk of
@@ -30,13 +30,25 @@ class RowsOutOfStep(Rule):
     - **left behind**: some fields re-indexed by a filter or permutation built in view (`argsort`, `sort`,
       `topk`, `nonzero`, `randperm`, a boolean keep mask), the others not, when the others are row fields of the
       same batch: entries of the same container (`batch["old_logp"]` beside `batch["ids"][keep]`), elements of the
-      same unpacking, or parameters named for per-row fields (old and reference log-probs, advantages, rewards,
-      returns, masks, token ids).
+      same unpacking, the field the filter or permutation was computed from (`order = (labels != -100).argsort()`
+      applied to the hidden states and not to `labels`), or parameters named for per-row fields (old and reference
+      log-probs, advantages, rewards, returns, masks, token ids). The fields may have been through the same other
+      row operations first or after (flattened alike with `reshape(-1, ...)`, the same contiguous slice of rows
+      `x[s : s + n]`): `hidden[order][s:e]` beside `labels[s:e]`;
+    - **left behind in a minibatch**: a run of consecutive `name = value` statements that takes the fields of one
+      minibatch, two or more by the same index made from a shuffle or filter in view
+      (`np.random.permutation`, `randperm`, `argsort`, `nonzero`, sliced), and one other a whole tensor
+      (`mb_adv = advantages` beside `mb_logp = logp[mb_inds]`), one never indexed by that index in the function;
+    - **unapplied**: a row index built and never read, where the same expression bound to the same name re-indexes
+      a field elsewhere in the function (`back = torch.tensor(inverse_of(order))` then `logp = logp[back]`; the
+      same `back = ...` rebuilt for the entropies and never applied).
 
     Index values that are the same value are one selection: an alias (`idx = order`), one dict comprehension
-    (`{k: v[idx] for k, v in batch.items()}`), the same argsort written twice. A permutation followed by its
-    inverse (`x[order][order.argsort()]`) restores the order. A row operation the rule does not model (a `view`
-    across rows, a `cat`, a scatter into a new tensor) makes the rows unknown, which reports nothing.
+    (`{k: v[idx] for k, v in batch.items()}`), the same argsort written twice. One field bound under two names
+    on two paths (`labels = shift_labels.reshape(-1)` or `labels[..., 1:].reshape(-1)`) is one field. A
+    permutation followed by its inverse (`x[order][order.argsort()]`) restores the order. A row operation the rule
+    does not model (a `view` that splits rows, a `cat`, a scatter into a new tensor) makes the rows unknown, which
+    reports nothing.
 
     ## Why it is wrong
     Each episode is trained with another episode's advantage, old log-probs or reward: the ratio compares
@@ -123,6 +135,69 @@ class RowsOutOfStep(Rule):
               "out = model.generate(prompts[order])\n"
               "texts = decode(out, lens[order])\n",
               "both sides of the generation sorted", capability="C12", style="script"),
+        Valid("def chunked_ce(hidden, targets, head, size):\n"
+              "    h = hidden.reshape(-1, hidden.size(-1))\n"
+              "    t = targets.reshape(-1)\n"
+              "    order = (t != -100).to(torch.int8).argsort(descending=True, stable=True)\n"
+              "    h, t = h[order], t[order]\n"
+              "    total = 0.0\n"
+              "    for s in range(0, t.numel(), size):\n"
+              "        total = total + ce(h[s : s + size], head, t[s : s + size])\n"
+              "    return total\n",
+              "tokens flattened, valid ones packed first in every field, then the same chunk of each",
+              capability="C7", style="functional"),
+        Valid("def pair_loss(policy_logps, ref_logps, n):\n"
+              "    order = policy_logps[:n].argsort()\n"
+              "    margin = policy_logps[:n] - policy_logps[n:]\n"
+              "    ref_margin = ref_logps[:n] - ref_logps[n:]\n"
+              "    return sigmoid_loss(margin - ref_margin), order\n",
+              "chosen and rejected halves taken by different row slices on purpose", capability="FP",
+              style="functional"),
+        Valid("def shifted_ce(hidden, labels, shift_labels, head):\n"
+              "    if shift_labels is not None:\n"
+              "        t = shift_labels.reshape(-1)\n"
+              "    else:\n"
+              "        t = labels[..., 1:].reshape(-1)\n"
+              "    h = hidden.reshape(-1, hidden.size(-1))\n"
+              "    keep = t != -100\n"
+              "    return ce(h[keep], head, t[keep])\n",
+              "labels from either branch, both fields filtered by the same mask", capability="C2",
+              style="functional"),
+        Valid("def epoch(model, obs, logp, adv, n, size, clip):\n"
+              "    order = np.random.permutation(n)\n"
+              "    for start in range(0, n, size):\n"
+              "        idx = order[start : start + size]\n"
+              "        mb_obs = obs[idx]\n"
+              "        mb_logp = logp[idx]\n"
+              "        mb_adv = adv[idx]\n"
+              "        eps = clip\n"
+              "        update(model, mb_obs, mb_logp, mb_adv, eps)\n",
+              "every field of the shuffled minibatch by one index; the whole value beside them is a number",
+              capability="C3", style="script"),
+        Valid("def epoch(model, obs, logp, adv, idx):\n"
+              "    mb_obs = obs[idx]\n"
+              "    mb_logp = logp[idx]\n"
+              "    mb_adv = adv\n"
+              "    return update(model, mb_obs, mb_logp, mb_adv)\n",
+              "an index handed in: nothing in view says its rows are the rows of adv", capability="FP",
+              style="functional"),
+        Valid("def gather(outputs, order):\n"
+              "    logp = torch.cat([o['logp'] for o in outputs])\n"
+              "    back = torch.tensor(inverse_of(order))\n"
+              "    logp = logp[back]\n"
+              "    ent = torch.cat([o['ent'] for o in outputs])\n"
+              "    back = torch.tensor(inverse_of(order))\n"
+              "    ent = ent[back]\n"
+              "    return logp, ent\n",
+              "the restoring index rebuilt for each field and applied to each", capability="C7",
+              style="functional"),
+        Valid("def restore(outputs, order, fast):\n"
+              "    if fast:\n"
+              "        back = torch.tensor(inverse_of(order))\n"
+              "    else:\n"
+              "        back = torch.tensor(inverse_of(order))\n"
+              "    return torch.cat(outputs)[back]\n",
+              "the same index built on either branch, applied after both", capability="FP", style="functional"),
     ]
     INVALID = [
         Invalid("def minibatch_backward(model, ids, rows, action_mask, old_log_probs, advantages, cfg, parts):\n"
@@ -168,6 +243,46 @@ class RowsOutOfStep(Rule):
                 "    _, best = scores.topk(k)\n"
                 "    return (logp[best] - old_logp).exp()\n", line=3,
                 why="topk rows of the log-probs, all rows of the old ones", capability="C9", style="functional"),
+        Invalid("def chunked_ce(hidden, targets, head, size):\n"
+                "    h = hidden.reshape(-1, hidden.size(-1))\n"
+                "    t = targets.reshape(-1)\n"
+                "    order = (t != -100).to(torch.int8).argsort(descending=True, stable=True)\n"
+                "    h = h[order]\n"
+                "    total = 0.0\n"
+                "    for s in range(0, t.numel(), size):\n"
+                "        total = total + ce(h[s : s + size], head, t[s : s + size])\n"
+                "    return total\n", line=8,
+                why="hidden states packed by the order made from the targets, the targets left unpacked; both "
+                    "then chunked alike", capability="C7", style="functional"),
+        Invalid("def shifted_ce(hidden, labels, shift_labels, head):\n"
+                "    if shift_labels is not None:\n"
+                "        t = shift_labels.reshape(-1)\n"
+                "    else:\n"
+                "        t = labels[..., 1:].reshape(-1)\n"
+                "    h = hidden.reshape(-1, hidden.size(-1))\n"
+                "    order = (t == -100).argsort(stable=True)\n"
+                "    return ce(h[order][:512], head, t[:512])\n", line=8,
+                why="labels from either branch are the rows the order was made from; only the hidden states "
+                    "follow it", capability="C2", style="functional"),
+        Invalid("def epoch(model, obs, logp, adv, n, size):\n"
+                "    order = np.random.permutation(n)\n"
+                "    for start in range(0, n, size):\n"
+                "        idx = order[start : start + size]\n"
+                "        mb_obs = obs[idx]\n"
+                "        mb_logp = logp[idx]\n"
+                "        mb_adv = adv\n"
+                "        update(model, mb_obs, mb_logp, mb_adv)\n", line=7,
+                why="a shuffled minibatch assembled field by field, the advantages taken whole", capability="C3",
+                style="script"),
+        Invalid("def gather(outputs, order):\n"
+                "    logp = torch.cat([o['logp'] for o in outputs])\n"
+                "    back = torch.tensor(inverse_of(order))\n"
+                "    logp = logp[back]\n"
+                "    ent = torch.cat([o['ent'] for o in outputs])\n"
+                "    back = torch.tensor(inverse_of(order))\n"
+                "    return logp, ent\n", line=6,
+                why="the restoring index rebuilt for the entropies and never applied: the log-probs restored, "
+                    "the entropies not", capability="C7", style="functional"),
     ]
 
     def check(self, ctx: Analysis) -> Iterator[Violation]:
@@ -179,7 +294,11 @@ class RowsOutOfStep(Rule):
             reported.update(id(e) for e in found.odd)
             odd_text = ", ".join(f"`{ctx.code(e)}`" for e in found.odd)
             others = ", ".join(f"`{ctx.code(e)}`" for e in found.others[:3])
-            if found.kind == "reordered":
+            if found.kind == "unapplied":
+                message = (f"{odd_text} is built like the index of {others} but never applied: the rows it was "
+                           f"built for keep the old order while the others were re-indexed, so each episode "
+                           f"meets another episode's values; apply it to the field it was built for")
+            elif found.kind == "reordered":
                 message = (f"{odd_text} takes its rows by an index that is not reordered like the one of {others}, "
                            f"though both are made from the same rows: each episode meets another episode's "
                            f"values; index every field with the same index")
