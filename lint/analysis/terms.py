@@ -214,9 +214,10 @@ class Quantities:
             if not self._visible(expr, frame) and name is not None and self.a.names.is_role(name, "entropy"):
                 return 1  # computed out of view: the name is all there is
             entry = key_entry(key_of(expr))
-            if entry is not None and self.a.names.is_role(entry, "entropy") and not self._excluded(entry):
-                # `outputs["entropys"]`: the producer's string key says what the entry is, where its computation
-                # passes calls out of view; a key is the interface between two functions, not a local's name
+            if entry is not None and self.a.names.is_role(entry, "entropy") and not self._excluded(entry) and \
+                    "loss" not in entry.lower() and self._stored_here(entry):
+                # `outputs["entropys"]`: a producer of this module stores the entry under its key (the interface
+                # between two functions, not a local's name) where its computation passes calls out of view
                 return 1
             return None
         if isinstance(expr, cst.Call):
@@ -462,6 +463,12 @@ class Quantities:
         forwards = [o for o in self.prov.value(expr, frame) if o.kind == FORWARD]
         return bool(forwards) and all(o.what == "logprobs" and (o.model is None or o.model.role in ("policy", "model"))
                                       for o in forwards)
+
+    def _stored_here(self, entry: str) -> bool:
+        """Whether a function of this module stores a value under the string key ``entry``."""
+        from rlguard.lint.analysis.records import record_entries
+
+        return any(e.entry == entry for e in record_entries(self.a))
 
     def _is_sampling_logp(self, expr) -> bool:
         """The old (sampling) policy's log-probs by their name or the key they are stored under: in ``old - ref`` (a

@@ -179,6 +179,12 @@ class EntropyBonusSign(Rule):
               "        loss = -(out[\"log_probs\"].mean()) - h * coef\n"
               "        loss.backward()\n",
               "the same entry subtracted as a bonus", capability="C3", style="class"),
+        Valid("def update(loss_module, batch, opt):\n"
+              "    loss = loss_module(batch)\n"
+              "    total = loss['loss_objective'] + loss['loss_entropy'] + loss['loss_critic']\n"
+              "    total.backward()\n",
+              "an entropy *loss* produced by a library module (minus the entropy times its coefficient), summed as a "
+              "loss term", capability="C3", style="script"),
     ]
     INVALID = [
         Invalid("class PolicyTrainer(FSDPModule):\n"
