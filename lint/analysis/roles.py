@@ -422,7 +422,10 @@ def _clamped(a: "Analysis", expr: cst.BaseExpression) -> cst.BaseExpression | No
 def is_mask_by_use(a: "Analysis", expr: cst.BaseExpression) -> bool:
     """``w`` in ``(v * w).sum(...) / w.sum(...)`` (the factor that also counts the denominator, optionally clamped):
     a 0/1 mask or a non-negative weight by its use, whatever it is called."""
-    key = key_of(expr)
+    selected = expr
+    while isinstance(selected, cst.Subscript) and key_of(selected) is None:
+        selected = selected.value  # `w[idx]`: a row selection of the mask, counted by the same selection
+    key = key_of(selected)
     if key is None:
         return False
     index = a.index
@@ -446,5 +449,10 @@ def is_mask_by_use(a: "Analysis", expr: cst.BaseExpression) -> bool:
     if not (isinstance(count, cst.Call) and a.method(count) == "sum"):
         return False
     counted = S.receiver(count)
+    if selected is not expr:
+        if a.code(counted) != a.code(expr):
+            return False
+        while isinstance(counted, cst.Subscript) and key_of(counted) is None:
+            counted = counted.value
     return key_of(counted) == key and {id(d) for d in a.flow.reaching(key, counted)} == {
-        id(d) for d in a.flow.reaching(key, expr)}
+        id(d) for d in a.flow.reaching(key, selected)}

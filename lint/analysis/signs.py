@@ -358,8 +358,8 @@ class Signs:
             return self.scale(value, frame, depth)
         if isinstance(value, cst.Call) and S.called_name(value) in ("get", "getattr", "float", "int") and value.args:
             return 1
-        if isinstance(value, cst.Call) and _boolean(self.a, value):
-            return 1  # `m = torch.tensor(rows, dtype=torch.bool)`: a 0/1 selection
+        if isinstance(value, (cst.Call, cst.BinaryOperation)) and zero_one(self.a, value):
+            return 1  # `m = torch.tensor(rows, dtype=torch.bool)`, `((i < n) & keep).float()`: a 0/1 selection
         if isinstance(value, (cst.Subscript, cst.BinaryOperation)) or _shape_read(value):
             # `batch["response_mask"]`, `n_tokens / world_size`, `mask.shape[0]`: as a scaling
             return self.scale(value, frame, depth)
@@ -398,12 +398,50 @@ def negate(terms: list[Term]) -> list[Term]:
     return [Term(-t.sign, t.expr, t.frame, t.via) for t in terms]
 
 
+_CASTS = frozenset({"float", "long", "int", "half", "bfloat16", "double", "bool", "to", "type"})
+
+
 def _boolean(a: "Analysis", call: cst.Call) -> bool:
-    """``x.bool()``, ``torch.tensor(rows, dtype=torch.bool)``: a tensor of 0/1 values."""
+    """``x.bool()``, ``torch.tensor(rows, dtype=torch.bool)``, ``((a < b) & c).float()``: a tensor of 0/1 values."""
     if a.method(call) == "bool" and not call.args:
+        return True
+    if a.method(call) in _CASTS and _comparison_like(S.receiver(call)):
         return True
     return any(arg.keyword is not None and arg.keyword.value == "dtype" and a.code(arg.value) in (
         "torch.bool", "bool", "np.bool_", "numpy.bool_") for arg in call.args)
+
+
+def _comparison_like(expr: cst.BaseExpression | None) -> bool:
+    """A comparison, or comparisons joined by ``&``/``|`` or negated by ``~``: a boolean tensor."""
+    if isinstance(expr, cst.Comparison):
+        return True
+    if isinstance(expr, cst.BinaryOperation) and isinstance(expr.operator, (cst.BitAnd, cst.BitOr)):
+        return _comparison_like(expr.left) and _comparison_like(expr.right)
+    if isinstance(expr, cst.UnaryOperation) and isinstance(expr.operator, cst.BitInvert):
+        return _comparison_like(expr.expression)
+    return False
+
+
+def zero_one(a: "Analysis", expr: cst.BaseExpression, depth: int = 3) -> bool:
+    """Whether ``expr`` holds 0/1 values by how it is computed (a comparison, a cast of one, a bool tensor,
+    ``&``/``|`` of such values), through row selections and single definitions, whatever it is called."""
+    while isinstance(expr, cst.Subscript) and key_of(expr) is None:
+        expr = expr.value
+    if _comparison_like(expr) or (isinstance(expr, cst.Call) and _boolean(a, expr)):
+        return True
+    if depth <= 0:
+        return False
+    if isinstance(expr, cst.Call) and a.method(expr) in _CASTS | {"clone", "detach", "contiguous"} and \
+            S.receiver(expr) is not None:
+        return zero_one(a, S.receiver(expr), depth)
+    if isinstance(expr, cst.BinaryOperation) and isinstance(expr.operator, (cst.BitAnd, cst.BitOr)):
+        return zero_one(a, expr.left, depth - 1) and zero_one(a, expr.right, depth - 1)
+    key = key_of(expr)
+    if key is None:
+        return False
+    defs = a.flow.reaching(key, expr)
+    return bool(defs) and all(d.kind == "assign" and d.value is not None and d.element is None and
+                              zero_one(a, d.value, depth - 1) for d in defs)
 
 
 def scaled(terms: list[Term], sign: int) -> list[Term]:

@@ -14,7 +14,8 @@ from rlguard.lint.analysis import semantics as S
 from rlguard.lint.analysis.callers import caller_loops
 from rlguard.lint.analysis.index import key_of, children
 from rlguard.lint.analysis.loops import Loop, Training, training
-from rlguard.lint.analysis.roles import backward_loss, names_along
+from rlguard.lint.analysis.roles import backward_loss, is_mask_by_use, names_along
+from rlguard.lint.analysis.signs import zero_one
 from rlguard.lint.rule import Invalid, Rule, Valid, Violation
 
 PASS_THROUGH_METHODS = frozenset({
@@ -242,6 +243,17 @@ class AccumulationScale(Rule):
               "        loss.backward()\n"
               "    opt.step()\n",
               "the count is taken over a mask gathered from every rank", capability="C9", style="functional"),
+        Valid(
+              "def update(model, opt, rows, ids, adv, n_micro):\n"
+              "    n_tok = (ids[:, 1:] != 0).sum()\n"
+              "    for part in rows.chunk(n_micro):\n"
+              "        w = torch.tensor(ids[part] != 0, dtype=torch.bool)[:, 1:]\n"
+              "        lp = model(ids[part]).log_softmax(-1)[:, :-1].gather(-1, ids[part][:, 1:, None]).squeeze(-1)\n"
+              "        o = lp * adv[part][:, None]\n"
+              "        o = (o * w).sum() / n_tok\n"
+              "        (-o).backward()\n"
+              "    opt.step()\n",
+              "each microbatch's token sum divided by the whole batch's token count", capability="C2", style="functional"),
     ]
     INVALID = [
         Invalid("for mb in batch.chunk(n_micro):\n"
@@ -374,6 +386,16 @@ class AccumulationScale(Rule):
                 "    l.backward()\n"
                 "opt.step()\n", line=3, why="torch.clamp with an upper bound of 1", capability="C9",
                 style="script"),
+        Invalid(
+                "def update(model, opt, rows, ids, adv, n_micro):\n"
+                "    for part in rows.chunk(n_micro):\n"
+                "        w = torch.tensor(ids[part] != 0, dtype=torch.bool)[:, 1:]\n"
+                "        lp = model(ids[part]).log_softmax(-1)[:, :-1].gather(-1, ids[part][:, 1:, None]).squeeze(-1)\n"
+                "        o = lp * adv[part][:, None]\n"
+                "        o = (o * w).sum() / w.sum()\n"
+                "        (-o).backward()\n"
+                "    opt.step()\n", line=7,
+                why="the divisor counts a bool tensor (a mask by its computation and by its use in (o * w).sum() / w.sum())", capability="C2", style="functional"),
     ]
 
     def check(self, ctx: Analysis) -> Iterator[Violation]:
@@ -434,7 +456,19 @@ class _Accumulation:
         self.train: Training = training(ctx)
 
     def is_mask(self, expr) -> bool:
-        return any(self.ctx.names.is_role(n, "mask") for n in names_along(self.ctx, expr)[:4])
+        """A mask by a name along its definitions, by how it is computed (0/1 values), or by its use in the same
+        statement (``(v * w).sum() / w.sum()``: ``w`` counts what it weighs)."""
+        ctx = self.ctx
+        if any(ctx.names.is_role(n, "mask") for n in names_along(ctx, expr)[:4]) or zero_one(ctx, expr):
+            return True
+        key = key_of(expr)
+        if key is None:
+            return False
+        stmt = ctx.index.statement_of(expr)
+        reaching = {id(d) for d in ctx.flow.reaching(key, expr)}
+        return any(key_of(read) == key and read is not expr and is_mask_by_use(ctx, read) and
+                   {id(d) for d in ctx.flow.reaching(key, read)} == reaching
+                   for read in ctx.index.descendants(stmt, cst.Name, cst.Attribute))
 
     def is_accumulation_count(self, expr) -> bool:
         """``grad_accum_steps``, ``self.args.gradient_accumulation_steps``, ``n_micro``, ``len(micro_batches)``."""

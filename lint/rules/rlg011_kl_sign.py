@@ -188,6 +188,17 @@ class KlSign(Rule):
               "    rewards = scores - self.beta * kl\n"
               "    return rewards\n",
               "the same KL subtracted from the reward", capability="C2", style="class"),
+        Valid(
+              "def step(model, ref_model, ids, adv, beta, opt, idx):\n"
+              "    with torch.no_grad():\n"
+              "        r = ref_model(ids).logits.log_softmax(-1).gather(-1, ids[..., None]).squeeze(-1)\n"
+              "    keep = (ids != 0).float()\n"
+              "    for i in idx:\n"
+              "        lp = model(ids[i]).logits.log_softmax(-1).gather(-1, ids[i][..., None]).squeeze(-1)\n"
+              "        k = ((torch.exp(r[i] - lp) - (r[i] - lp) - 1.0) * keep[i]).sum() / keep[i].sum().clamp(min=1)\n"
+              "        loss = -(lp * adv[i]).mean() + beta * k\n"
+              "        loss.backward(); opt.step()\n",
+              "the same estimate added as a penalty", capability="C2", style="functional"),
     ]
     INVALID = [
         Invalid("loss = pg_loss - kl_coef * kl\n", line=1, fixed="loss = pg_loss + kl_coef * kl\n", preview=True),
@@ -341,6 +352,17 @@ class KlSign(Rule):
                 "    return rewards\n", line=5,
                 why="the sampling policy's log-probs minus the reference's, gathered across processes: a KL",
                 capability="C2", style="class"),
+        Invalid(
+                "def step(model, ref_model, ids, adv, beta, opt, idx):\n"
+                "    with torch.no_grad():\n"
+                "        r = ref_model(ids).logits.log_softmax(-1).gather(-1, ids[..., None]).squeeze(-1)\n"
+                "    keep = (ids != 0).float()\n"
+                "    for i in idx:\n"
+                "        lp = model(ids[i]).logits.log_softmax(-1).gather(-1, ids[i][..., None]).squeeze(-1)\n"
+                "        k = ((torch.exp(r[i] - lp) - (r[i] - lp) - 1.0) * keep[i]).sum() / keep[i].sum().clamp(min=1)\n"
+                "        loss = -(lp * adv[i]).mean() - beta * k\n"
+                "        loss.backward(); opt.step()\n", line=8,
+                why="the k3 estimate weighed by a row selection of a cast comparison (a 0/1 mask by its computation) and subtracted from the loss", capability="C2", style="functional"),
     ]
 
     def check(self, ctx: Analysis) -> Iterator[Violation]:
