@@ -32,7 +32,7 @@ from rlguard.lint.analysis import semantics as S
 from rlguard.lint.analysis.depends import resolve, same_value, share_data, strip_casts
 from rlguard.lint.analysis.index import Def, dotted_name, key_entry, key_of
 from rlguard.lint.analysis.provenance import forwards, models
-from rlguard.lint.analysis.uses import CARRY_METHODS
+from rlguard.lint.analysis.uses import CARRY_METHODS, reads_of
 from rlguard.lint.analysis.values import Facet, Trace
 
 if TYPE_CHECKING:
@@ -345,7 +345,9 @@ def attention_masks(a: "Analysis", ids: cst.BaseExpression) -> list[MaskCandidat
             continue
         for d in defs:
             if d.kind == "param" and ATTENTION_MASK_NAME.fullmatch(key) and not key.lower().startswith(
-                    OTHER_INPUT_MASK) and _from_parameter(a, ids, d):
+                    OTHER_INPUT_MASK) and reads_of(a, d) and _from_parameter(a, ids, d):
+                # (a parameter the function never reads is a placeholder of its interface: a model that takes no
+                # mask, a signature kept for callers; one it reads, slices or moves, and then drops, is forgotten)
                 # the function is handed the attention mask of the ids it is handed: its interface says so
                 found.append(MaskCandidate(d, "param"))
                 continue

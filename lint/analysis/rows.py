@@ -512,7 +512,9 @@ def _unapplied(a: "Analysis") -> list[OutOfStep]:
                 continue
             name = sub.slice[0].slice.value
             for d in a.flow.reaching(name.value, name):
-                if d.kind == "assign" and d.element is None and isinstance(d.value, (cst.Call, cst.Subscript)):
+                # an index a call builds (`torch.tensor(reverse_of(order))`); a lookup (`node = next_of[node]`,
+                # a walk along a linked structure) is no row index
+                if d.kind == "assign" and d.element is None and isinstance(d.value, cst.Call):
                     applied.setdefault((d.key, a.code(d.value)), (sub, set()))[1].add(id(d.stmt))
         if not applied:
             continue
