@@ -24,7 +24,7 @@ import libcst as cst
 
 from rlguard.lint.analysis import semantics as S
 from rlguard.lint.analysis.grad import call_sites, grad_context
-from rlguard.lint.analysis.index import Def, dotted_name, key_of, params_of
+from rlguard.lint.analysis.index import Def, dotted_name, key_of, last_name, params_of
 from rlguard.lint.analysis.provenance import ModelRef, models
 from rlguard.lint.analysis.uses import def_consumers
 
@@ -381,6 +381,12 @@ def train_mode_scores(a: "Analysis") -> list[TrainModeScore]:
                 others |= keys
         if not trains:
             return []
+        # the last names the trained objects are reached by (`self.actor.train()` -> `actor`, through aliases the
+        # module binds); a call of nothing so named is not asked for its grad context, which costs more
+        named = {last_name(k) for call in trains.values() for k in [key_of(S.receiver(call))] if k}
+        for d in (d for scope in an.index.scopes.values() for defs in scope.defs.values() for d in defs):
+            if d.kind == "assign" and d.value is not None and last_name(key_of(d.value) or "") in named:
+                named.add(last_name(d.key))
         grad = grad_context(an)
         found = []
         seen = set()
@@ -390,16 +396,17 @@ def train_mode_scores(a: "Analysis") -> list[TrainModeScore]:
             if not isinstance(target, (cst.Name, cst.Attribute)) or (
                     isinstance(func, cst.Attribute) and func.attr.value in S.NON_FORWARD_METHODS):
                 continue
-            objs = models(an).roots(target)
+            if isinstance(an.index.parent_of(call), cst.Expr) or last_name(key_of(target) or "") not in named:
+                continue
+            site = _scoring_site(an, grad, call)  # before the identity of the callee, which costs more
+            if site is None or id(site) in seen:
+                continue
             keys = _ids(an, target)
             train = next((trains[k] for k in sorted(keys) if k in trains), None)
             if train is None or keys & others or _owners(an, target) & others or \
-                    isinstance(an.index.parent_of(call), cst.Expr):
+                    _trained_just_before(an, keys, trains, site, call):
                 continue
-            site = _scoring_site(an, grad, call)
-            if site is None or id(site) in seen or _trained_just_before(an, keys, trains, site, call):
-                continue
-            if _mode_free_class(an, objs) or _hands_to_mode_setter(an, keys):
+            if _mode_free_class(an, models(an).roots(target)) or _hands_to_mode_setter(an, keys):
                 continue
             seen.add(id(site))
             found.append(TrainModeScore(dotted_name(target) or "model", site, call, train))

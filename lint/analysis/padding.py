@@ -22,6 +22,7 @@ Facts shared by the rules about padded batches (RLG016, RLG017):
 
 from __future__ import annotations
 
+import builtins
 import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -180,33 +181,56 @@ def eos_valued(a: "Analysis", expr: cst.BaseExpression) -> bool:
     return False
 
 
+_BUILTINS = frozenset(dir(builtins))
+
+
 # ----- forwards and their attention masks ------------------------------------------------------------------------
+def forward_candidate_ids(a: "Analysis", call: cst.Call) -> cst.BaseExpression | None:
+    """The token ids ``call`` would read if it were a model forward (its first argument or ``input_ids=``, also
+    through a splatted dict literal), by syntax alone; None for builtins and functions of imported modules."""
+    func = call.func
+    if isinstance(func, cst.Attribute) and func.attr.value not in ("forward", "__call__") and (
+            func.attr.value in S.NON_FORWARD_METHODS or func.attr.value in S.SAME_VALUE_METHODS):
+        return None
+    if not isinstance(func, (cst.Name, cst.Attribute)):
+        return None
+    ids = S.argument(call, 0, "input_ids")
+    if ids is None:
+        ids = _splat_entry(a, call, "input_ids") if any(arg.star == "**" for arg in call.args) else None
+    if ids is None or (isinstance(func, cst.Name) and func.value in _BUILTINS) or a.is_module_function(call):
+        return None
+    return ids
+
+
 def model_forward_ids(a: "Analysis", call: cst.Call, of_forward: bool = False) -> cst.BaseExpression | None:
     """The token ids of a model forward (``model(ids)``, ``self.policy(input_ids=ids)``, ``model.forward(ids)``), or
     None when ``call`` is no model forward (``generate``, a method of a model that is not its forward, a helper).
     A tensor that comes out of another model call (hidden states for a value head, or the ids a ``generate``-like
     call returned) is left out unless ``of_forward``: then the caller proves it is token ids by how it is used."""
-    func = call.func
-    if isinstance(func, cst.Attribute) and func.attr.value in ("forward", "__call__"):
-        target = func.value
-    elif isinstance(func, (cst.Name, cst.Attribute)):
-        target = func
-        if isinstance(func, cst.Attribute) and (func.attr.value in S.NON_FORWARD_METHODS or
-                                                func.attr.value in S.SAME_VALUE_METHODS):
-            return None
-    else:
+    ids = forward_candidate_ids(a, call)
+    if ids is None:
         return None
+    func = call.func
+    target = func.value if isinstance(func, cst.Attribute) and func.attr.value in ("forward", "__call__") else func
     callee = a.callee(call)
     if callee is not None and callee.name.value not in ("forward", "__call__"):
         return None
-    if models(a).model(target) is None:
+    if models(a).model(target) is None:  # the costly test, last
         return None
-    ids = S.argument(call, 0, "input_ids")
-    if ids is None:
-        ids = _splat_entry(a, call, "input_ids")
-    if ids is None or (not of_forward and forwards(a, ids)):
+    if not of_forward and forwards(a, ids):
         return None  # hidden states or logits of another forward (a value head on them): no token ids
     return ids
+
+
+def hands_attention_masks(a: "Analysis", func: cst.CSTNode | None) -> bool:
+    """Whether any call of ``func`` (the module when None) is handed an ``attention_mask=`` keyword (cached)."""
+    cache = a.cache.setdefault("hands_attention_masks", {})
+    hit = cache.get(id(func))
+    if hit is None:
+        calls = a.index.descendants(func, cst.Call) if func is not None else a.nodes(cst.Call)
+        hit = cache[id(func)] = any(arg.keyword is not None and arg.keyword.value == "attention_mask"
+                                    for call in calls for arg in call.args)
+    return hit
 
 
 def _splat_entry(a: "Analysis", call: cst.Call, key: str) -> cst.BaseExpression | None:
@@ -335,28 +359,52 @@ def attention_masks(a: "Analysis", ids: cst.BaseExpression) -> list[MaskCandidat
     """The attention masks built in ``ids``' function, before it, for the tensor ``ids`` (see the module's
     docstring). A mask of all ones (``torch.ones_like(ids)``) says there is no padding and is left out."""
     func = a.index.function_scope(ids).node
-    scope = a.index.scopes.get(id(func))
-    if scope is None:
-        return []
     order = a.index.order[id(ids)]
     found = []
-    for key, defs in scope.defs.items():
+    for d in _mask_defs(a, func):
+        if d.kind == "param":
+            # the function is handed the attention mask of the ids it is handed: its interface says so (a parameter
+            # it never reads is a placeholder of its interface: a model that takes no mask, a signature kept for
+            # callers; one it reads, slices or moves, and then drops, is forgotten)
+            if _from_parameter(a, ids, d):
+                found.append(MaskCandidate(d, "param"))
+            continue
+        if a.index.order[id(d.stmt)] > order:
+            continue
+        kind = _mask_kind(a, d.key, d.value, ids)
+        if kind is not None:
+            found.append(MaskCandidate(d, kind))
+    return found
+
+
+def _mask_defs(a: "Analysis", func: cst.CSTNode) -> list[Def]:
+    """The bindings of ``func`` that may be an attention mask whatever ids it is for (cached per function): a
+    parameter named for one and read, or a plain assignment of a pad comparison, a batch's ``attention_mask``
+    entry, a block mask or a local named as an attention mask."""
+    cache = a.cache.setdefault("mask_defs", {})
+    hit = cache.get(id(func))
+    if hit is not None:
+        return hit
+    scope = a.index.scopes.get(id(func))
+    out: list[Def] = []
+    for key, defs in (scope.defs.items() if scope is not None else ()):
         if "." in key or "[" in key:
             continue
         for d in defs:
-            if d.kind == "param" and ATTENTION_MASK_NAME.fullmatch(key) and not key.lower().startswith(
-                    OTHER_INPUT_MASK) and reads_of(a, d) and _from_parameter(a, ids, d):
-                # (a parameter the function never reads is a placeholder of its interface: a model that takes no
-                # mask, a signature kept for callers; one it reads, slices or moves, and then drops, is forgotten)
-                # the function is handed the attention mask of the ids it is handed: its interface says so
-                found.append(MaskCandidate(d, "param"))
+            if d.kind == "param":
+                if ATTENTION_MASK_NAME.fullmatch(key) and not key.lower().startswith(OTHER_INPUT_MASK) and \
+                        reads_of(a, d):
+                    out.append(d)
                 continue
-            if d.kind != "assign" or d.element is not None or d.value is None or a.index.order[id(d.stmt)] > order:
+            if d.kind != "assign" or d.element is not None or d.value is None:
                 continue
-            kind = _mask_kind(a, key, d.value, ids)
-            if kind is not None:
-                found.append(MaskCandidate(d, kind))
-    return found
+            core = strip_casts(a, d.value)
+            entry = _entry(a, core)
+            if pad_comparison(a, d.value) is not None or (entry is not None and entry[1] == "attention_mask") or \
+                    _block_mask(a, core) or ATTENTION_MASK_NAME.fullmatch(key):
+                out.append(d)
+    cache[id(func)] = out
+    return out
 
 
 def _from_parameter(a: "Analysis", ids: cst.BaseExpression, mask_param: Def) -> bool:
@@ -532,5 +580,5 @@ def pad_labels_ignored(a: "Analysis") -> list[PadLabels]:
 
 
 __all__ = ["ATTENTION_MASK_NAME", "LAYOUT_KEYWORDS", "MaskCandidate", "OTHER_INPUT_MASK", "PadLabels", "attention_masks", "eos_valued",
-           "is_ignore_index", "is_pad_named", "masked_sibling", "model_forward_ids", "pad_comparison", "splat_keys", "pad_labels_ignored",
+           "is_ignore_index", "is_pad_named", "forward_candidate_ids", "hands_attention_masks", "masked_sibling", "model_forward_ids", "pad_comparison", "splat_keys", "pad_labels_ignored",
            "pad_set_to_eos", "pad_settings"]
