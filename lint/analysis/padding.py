@@ -196,7 +196,7 @@ def forward_candidate_ids(a: "Analysis", call: cst.Call) -> cst.BaseExpression |
         return None
     ids = S.argument(call, 0, "input_ids")
     if ids is None:
-        ids = _splat_entry(a, call, "input_ids") if any(arg.star == "**" for arg in call.args) else None
+        ids = _splat_entry(a, call, "input_ids")
     if ids is None or (isinstance(func, cst.Name) and func.value in _BUILTINS) or a.is_module_function(call):
         return None
     return ids
@@ -259,8 +259,7 @@ def masked_sibling(a: "Analysis", call: cst.Call, ids: cst.BaseExpression) -> tu
         if other is call or a.index.in_other_branch(call, other) or a.contains(other, call) or \
                 a.contains(call, other):
             continue
-        mask = next((arg.value for arg in other.args if arg.keyword is not None and
-                     arg.keyword.value == "attention_mask"), None)
+        mask = S.argument(other, None, "attention_mask")
         if mask is None or (isinstance(mask, cst.Name) and mask.value == "None"):
             continue
         # a call handed ``attention_mask=`` beside the ids is a forward of them by that interface, whatever it is
@@ -562,8 +561,7 @@ def pad_labels_ignored(a: "Analysis") -> list[PadLabels]:
                 dropped = _equal_pad(an, call.args[0].value, False)
                 if dropped is not None and an.code(dropped[0]) == an.code(S.receiver(call)):
                     found.append(PadLabels(call, dropped[0], dropped[1]))
-            ignored = next((arg.value for arg in call.args if arg.keyword is not None and
-                            arg.keyword.value == "ignore_index"), None)
+            ignored = S.argument(call, None, "ignore_index")
             if ignored is not None and is_pad_named(strip_casts(an, ignored)):
                 # `CrossEntropyLoss(ignore_index=tok.pad_token_id)`: the loss skips every label equal to the pad id
                 found.append(PadLabels(call, ignored, ignored))
@@ -579,6 +577,7 @@ def pad_labels_ignored(a: "Analysis") -> list[PadLabels]:
     return a.facet("pad_labels_ignored", build)
 
 
-__all__ = ["ATTENTION_MASK_NAME", "LAYOUT_KEYWORDS", "MaskCandidate", "OTHER_INPUT_MASK", "PadLabels", "attention_masks", "eos_valued",
-           "is_ignore_index", "is_pad_named", "forward_candidate_ids", "hands_attention_masks", "masked_sibling", "model_forward_ids", "pad_comparison", "splat_keys", "pad_labels_ignored",
-           "pad_set_to_eos", "pad_settings"]
+__all__ = ["ATTENTION_MASK_NAME", "LAYOUT_KEYWORDS", "MaskCandidate", "OTHER_INPUT_MASK", "PadLabels",
+           "attention_masks", "eos_valued", "forward_candidate_ids", "hands_attention_masks", "is_ignore_index",
+           "is_pad_named", "masked_sibling", "model_forward_ids", "pad_comparison", "pad_labels_ignored",
+           "pad_set_to_eos", "pad_settings", "splat_keys"]

@@ -461,9 +461,7 @@ def out_of_step(a: "Analysis") -> list[OutOfStep]:
                 selecting[id(scope)] = _selects_rows(an, scope)
             if not selecting[id(scope)]:
                 continue  # no filter or permutation built here: nothing can be out of step
-            # literals hold no rows: leave them out before the (costly) row trace
-            operands = [e for e in _operands(node) if S.number_value(e) is None and not isinstance(
-                e, (cst.SimpleString, cst.ConcatenatedString, cst.FormattedString, cst.Lambda))]
+            operands = _operands(node)
             if len(operands) < 2:
                 continue
             values = [(expr, trace.value(expr)) for expr in operands]

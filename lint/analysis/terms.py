@@ -18,6 +18,7 @@ from rlguard.lint.analysis import semantics as S
 from rlguard.lint.analysis.index import key_entry, key_of, last_name
 from rlguard.lint.analysis.infoforms import forms
 from rlguard.lint.analysis.provenance import FORWARD, provenance
+from rlguard.lint.analysis.records import record_entries
 from rlguard.lint.analysis.signs import factors, signs
 from rlguard.lint.analysis.values import Frame
 
@@ -466,9 +467,8 @@ class Quantities:
 
     def _stored_here(self, entry: str) -> bool:
         """Whether a function of this module stores a value under the string key ``entry``."""
-        from rlguard.lint.analysis.records import record_entries
-
-        return any(e.entry == entry for e in record_entries(self.a))
+        stored = self.a.facet("stored_entries", lambda an: frozenset(e.entry for e in record_entries(an)))
+        return entry in stored
 
     def _is_sampling_logp(self, expr) -> bool:
         """The old (sampling) policy's log-probs by their name or the key they are stored under: in ``old - ref`` (a

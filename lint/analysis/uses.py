@@ -194,14 +194,11 @@ def _consumers(a: "Analysis", expr: cst.BaseExpression, depth: int, names: tuple
             return
         if kind in (cst.Element, cst.StarredElement):
             container = index.parent_of(parent)
-            target = _unpacked_into(index, container, parent) if kind is cst.Element else None
-            key = key_of(target) if target is not None else None
-            defs = [d for d in index.stmt_defs.get(id(index.parent_of(container)), ()) if d.key == key] \
-                if key is not None else []
-            if defs and depth > 0:
+            d = _unpacked_into(index, container, parent) if kind is cst.Element and depth > 0 else None
+            if d is not None:
                 # `lp, m = (lp[:, 1:], m[:, 1:])`: the element goes on under the target at its position
-                for read in reads_of(a, defs[0]):
-                    yield from _consumers(a, read, depth - 1, names + (last_name(key),), seen)
+                for read in reads_of(a, d):
+                    yield from _consumers(a, read, depth - 1, names + (last_name(d.key),), seen)
                 return
             yield Use("element", container, node, None, names)
             return
@@ -222,8 +219,8 @@ def _consumers(a: "Analysis", expr: cst.BaseExpression, depth: int, names: tuple
         return
 
 
-def _unpacked_into(index, container: cst.CSTNode, element: cst.Element) -> cst.BaseExpression | None:
-    """The target that ``element`` of a tuple or list literal is bound to by ``a, b = (x, y)``; None otherwise."""
+def _unpacked_into(index, container: cst.CSTNode, element: cst.Element) -> Def | None:
+    """The binding that ``element`` of a tuple or list literal goes to in ``a, b = (x, y)``; None otherwise."""
     stmt = index.parent_of(container)
     if not (isinstance(container, (cst.Tuple, cst.List)) and isinstance(stmt, cst.Assign) and
             stmt.value is container and len(stmt.targets) == 1):
@@ -233,7 +230,8 @@ def _unpacked_into(index, container: cst.CSTNode, element: cst.Element) -> cst.B
             isinstance(el, cst.StarredElement) for el in (*target.elements, *container.elements)):
         return None
     position = next(i for i, el in enumerate(container.elements) if el is element)
-    return target.elements[position].value
+    key = key_of(target.elements[position].value)
+    return next((d for d in index.stmt_defs.get(id(stmt), ()) if d.key == key), None) if key is not None else None
 
 
 def _slices_only(sub: cst.Subscript) -> bool:

@@ -308,7 +308,7 @@ class PaddingLeak(Rule):
 def _takes_layout(ctx: Analysis, call: cst.Call) -> bool:
     """Whether the forward is handed a mask or a row layout (or could be: a splat of unknown keys, a second
     positional argument)."""
-    splatted = splat_keys(ctx, call) if any(arg.star == "**" for arg in call.args) else frozenset()
+    splatted = splat_keys(ctx, call)
     if splatted is None or any(_row_layout(k) for k in splatted):
         return True
     positional = 0

@@ -303,8 +303,7 @@ def _judge(ctx: Analysis, node: cst.CSTNode) -> bool:
             elif verdict == "loss-call":
                 loss = True
                 call = use.node if use.kind in ("argument", "keyword") else None
-                loss_call = loss_call or (isinstance(call, cst.Call) and "loss" in (
-                    ctx.call_name(call) or S.called_name(call) or "").rsplit(".", 1)[-1].lower())
+                loss_call = loss_call or (isinstance(call, cst.Call) and "loss" in _callee(ctx, call).lower())
             elif verdict == "through":
                 todo.append(use.node)
             elif use.kind == "store":
@@ -337,7 +336,7 @@ def _use(ctx: Analysis, use: Use) -> str | None:
             return "loss"
         call = use.node
         if kind == "keyword" and "mask" in name.lower() and isinstance(call, cst.Call) and MASKED_REDUCTION.fullmatch(
-                (ctx.call_name(call) or S.called_name(call) or "").rsplit(".", 1)[-1]):
+                _callee(ctx, call)):
             return "loss-call"  # `loss_fn(logp, adv, mask=m)`: the callee's interface says what the mask does
         return None
     if kind in ("argument", "element"):
@@ -353,6 +352,11 @@ def _use(ctx: Analysis, use: Use) -> str | None:
     if kind == "return":
         return "loss" if detail and LOSS_MASK_NAME.search(str(detail)) else None
     return None
+
+
+def _callee(ctx: Analysis, call: cst.Call) -> str:
+    """The last name of what ``call`` calls (``self.config.method.loss`` -> ``loss``), or ""."""
+    return (ctx.call_name(call) or S.called_name(call) or "").rsplit(".", 1)[-1]
 
 
 def _enclosing_call(ctx: Analysis, node: cst.CSTNode):
