@@ -257,6 +257,10 @@ class AlignFacet(Facet):
             kind = classify_root(self.a, d.key)
             if kind in (ROOT_IDS, ROOT_TOKEN):
                 value = self.root(d.target, d.key, None)
+            elif self.side == "seq":
+                # `batch = torch.tensor(rows)`: a tensor of its own, at its own positions. It pairs only with
+                # itself (its root is this assignment), so `model(batch)` scored against `batch` is one sequence
+                value = replace(self.root(d.target, d.key, None), root=f"<def@{id(d.stmt)}>")
         if value is None or not isinstance(d.stmt, cst.CSTNode):
             return value
         moved_at = value.moved_at if value.moved_at is not None or not value.moved else id(d.stmt)

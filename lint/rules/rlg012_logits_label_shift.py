@@ -68,7 +68,9 @@ class LogitsLabelShift(Rule):
     """
 
     code = LOGITS_LABEL_SHIFT
-    triggers = (r"logits", r"\.gather\(|cross_entropy|nll_loss|\.log_prob\(|take_along_dim|CrossEntropyLoss|NLLLoss"
+    # what scores tokens, by the API that does it: a local name such as `logits` is no part of the trigger (a file
+    # whose variables are called otherwise is judged the same)
+    triggers = (r"\.gather\(|cross_entropy|nll_loss|\.log_prob\(|take_along_dim|CrossEntropyLoss|NLLLoss"
                 r"|get_at\(|log_?probs?_(?:from|of)_|selective_log_softmax|logps?_from|log_softmax_and_gather")
 
     VALID = [
@@ -173,7 +175,13 @@ class LogitsLabelShift(Rule):
               "        return F.log_softmax(z, dim=-1).gather(2, y.unsqueeze(-1)).squeeze(-1)\n",
               "labels cut one token right of the sequence the reference reads, logits cut one left", capability="C2",
               style="functional"),
+        Valid("def update(model, rows, targets):\n    batch = torch.tensor(rows, dtype=torch.long)\n"
+              "    out = model.forward(batch).float()\n"
+              "    return -F.cross_entropy(out.reshape(-1, out.size(-1)), targets.reshape(-1), reduction='none')\n",
+              why="a tensor built here is the model's input; the labels are another tensor, aligned by its producer",
+              capability="C12", style="functional"),
     ]
+
     INVALID = [
         Invalid("def score(ref_model, rollout_engine, prompt_ids, pad_id):\n"
                 "    out = rollout_engine.rollout(prompt_ids=prompt_ids)\n"
@@ -205,7 +213,13 @@ class LogitsLabelShift(Rule):
                 "    return torch.gather(logits.log_softmax(dim=-1), 2, labels[:, :, None]).squeeze(2)\n",
                 line=5, why="both sides drop the first position"),
         Invalid("logits = policy(ids)\nnll = F.cross_entropy(logits.reshape(-1, V), ids.reshape(-1), reduction='none')\n",
-                line=2, why="cross-entropy against the input tokens", preview=True),
+                line=2, why="cross-entropy against the input tokens"),
+        Invalid("def update(model, rows):\n    batch = torch.tensor(rows, dtype=torch.long)\n"
+                "    out = model.forward(batch).float()\n"
+                "    lp = -F.cross_entropy(out.reshape(-1, out.size(-1)), batch.reshape(-1), reduction='none')\n"
+                "    return lp.view(batch.shape[0], -1)\n", line=4,
+                why="a tensor built here, read by the model and scored against itself: no name says ids or logits, "
+                    "the model call and the loss do", capability="C12", style="functional"),
         Invalid("logits = model(tokens)\ndist = torch.distributions.Categorical(logits=logits / temperature)\n"
                 "logp = dist.log_prob(tokens)\n", line=3, why="Categorical over the input tokens"),
         Invalid("logits = model(ids)\nlabels = torch.roll(ids, 1, dims=-1)\n"
@@ -221,7 +235,7 @@ class LogitsLabelShift(Rule):
                 why="through a self attribute", capability="C3", style="class"),
         Invalid("loss_fct = nn.CrossEntropyLoss()\nlogits = model(input_ids)[0]\n"
                 "loss = loss_fct(logits[:, :-1].flatten(0, 1), input_ids[:, :-1].flatten())\n", line=3,
-                why="loss object, both drop the last position", preview=True),
+                why="loss object, both drop the last position"),
         Invalid("def forward_batch(model, batch):\n    batch['logits'] = model(batch['input_ids']).logits\n"
                 "    lp = batch['logits'].log_softmax(-1)\n"
                 "    return lp.gather(-1, batch['input_ids'].unsqueeze(-1)).squeeze(-1)\n", line=4,
@@ -249,7 +263,7 @@ class LogitsLabelShift(Rule):
                 "        logits = self.lm(tokens)\n"
                 "        return get_at('b t [v], b t -> b t', logits.log_softmax(dim=-1), tokens)\n", line=5,
                 why="einx.get_at gathers the last axis: here at the input tokens themselves",
-                capability="C12", style="class", preview=True),
+                capability="C12", style="class"),
         Invalid("def packed_token_logp(logits, seqlens, labels):\n"
                 "    labels = torch.cat([labels[:-1], labels.new_zeros(1)])\n"
                 "    logp = torch.log_softmax(logits, dim=-1)\n"
