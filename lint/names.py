@@ -65,7 +65,7 @@ DEFAULT_ROLES: dict[str, tuple[tuple[str, ...], str]] = {
     "kl": (("kl", "kl_div", "kl_loss", "kl_penalty", "approx_kl", "kl_ref", "kld", "kl_term"), r"\w*kl\w*"),
     "kl_coef": (
         ("kl_coef", "kl_coeff", "beta", "kl_beta", "kl_weight", "init_kl_coef", "kl_ctl", "KL_COEF"),
-        r"(kl_?)(coef|coeff|beta|weight|ctl|scale)|beta",
+        r"(kl_?)(coef|coeff|beta|weight|ctl|ctrl|controller|scale)|beta",
     ),
     "optimizer": (
         ("optimizer", "optim", "opt", "optimiser", "actor_optimizer", "policy_optimizer"),

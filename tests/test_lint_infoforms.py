@@ -137,3 +137,68 @@ def test_negated_helper_in_another_file_of_the_tree(tmp_path, monkeypatch):
     config = load_config([tmp_path], cli=Layer(select=["RLG004", "RLG011"]), isolated=True)
     found = [(f.code, f.path.replace("\\", "/"), f.line) for f in run(["."], config, cache=False).findings]
     assert found == [("RLG004", "pkg/train.py", 5)]  # the entropy helper is negated; the KL one is right
+
+
+def _tree_findings(tmp_path, monkeypatch, files: dict[str, str], codes=("RLG004", "RLG011")):
+    from rlguard.lint.config import Layer, load_config
+    from rlguard.lint.runner import run
+
+    for rel, text in files.items():
+        path = tmp_path / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(textwrap.dedent(text))
+    monkeypatch.chdir(tmp_path)
+    config = load_config([tmp_path], cli=Layer(select=list(codes)), isolated=True)
+    return [(f.code, f.path.replace("\\", "/"), f.line) for f in run(["."], config, cache=False).findings]
+
+
+_ALGOS = '''
+    from . import tensor_ops as ops
+
+    def average_loss(values, mask, mode):
+        if mode == "token":
+            return ops.masked_mean(values, mask)
+        return ((values * mask).sum(-1) / (mask.sum(-1) + 1e-8)).mean()
+
+    def compute_kl(log_probs, ref_log_probs, kind):
+        if kind == "abs":
+            return (log_probs - ref_log_probs).abs()
+        if kind == "mse":
+            return 0.5 * (log_probs - ref_log_probs).square()
+        return log_probs - ref_log_probs
+'''
+_OPS = '''
+    def masked_mean(values, mask):
+        return (values * mask).sum() / mask.sum()
+'''
+_ACTOR = '''
+    import torch
+    from .algos import average_loss, compute_kl
+
+    class Actor:
+        def update(self, pg_loss, log_probs, batch):
+            k = compute_kl(log_probs, batch["ref_log_probs"], self.config.kl_penalty)
+            kl_loss = average_loss(k, batch["response_mask"], self.config.loss_avg_mode)
+            loss = pg_loss + kl_loss * self.config.kl_coef
+            loss = loss * torch.sum(batch["response_mask"]) / self.config.total_tokens
+            loss.backward()
+'''
+
+
+def test_a_reduction_helper_in_another_file_keeps_the_sign_of_what_it_reduces(tmp_path, monkeypatch):
+    """``average_loss(values, mask)`` of another file returns a masked mean of its first argument (its summary says
+    so, read from its code through a module alias), so the KL it reduces keeps its sign in the caller's loss."""
+    files = {"pkg/__init__.py": "", "pkg/tensor_ops.py": _OPS, "pkg/algos.py": _ALGOS, "pkg/actor.py": _ACTOR}
+    assert _tree_findings(tmp_path, monkeypatch, files) == []
+    files["pkg/actor.py"] = _ACTOR.replace("pg_loss + kl_loss", "pg_loss - kl_loss")
+    assert _tree_findings(tmp_path, monkeypatch, files) == [("RLG011", "pkg/actor.py", 9)]
+
+
+def test_a_helper_that_negates_what_it_reduces_is_no_reduction(tmp_path, monkeypatch):
+    """A helper returning minus its argument's mean does not keep its sign: the caller's subtracted term is then a
+    KL of unknown sign, and nothing is said."""
+    algos = _ALGOS.replace("return ((values * mask).sum(-1) / (mask.sum(-1) + 1e-8)).mean()",
+                           "return -((values * mask).sum(-1) / (mask.sum(-1) + 1e-8)).mean()")
+    files = {"pkg/__init__.py": "", "pkg/tensor_ops.py": _OPS, "pkg/algos.py": algos,
+             "pkg/actor.py": _ACTOR.replace("pg_loss + kl_loss", "pg_loss - kl_loss")}
+    assert _tree_findings(tmp_path, monkeypatch, files) == []

@@ -703,7 +703,7 @@ def kl_added_to_the_reward(data, kl_ctrl, kl_penalty="kl"):
     """A user's apply_kl_penalty (verl's, from ray_trainer) with the sign of the penalty flipped."""
     kld = core_algos.kl_penalty(data.batch["old_log_probs"], data.batch["ref_log_prob"], kl_penalty=kl_penalty)
     kld = kld * data.batch["response_mask"]
-    data.batch["token_level_rewards"] = data.batch["token_level_scores"] + kl_ctrl.value * kld  # the fault: +
+    data.batch["token_level_rewards"] = data.batch["token_level_scores"] + kl_ctrl.value * kld  # noqa: RLG011 (the fault)
     return data, {}
 
 

@@ -132,7 +132,8 @@ class Analysis:
         if type(head) is not cst.Name:
             return False
         head = head.value
-        if head in self.index.imports:
+        if head in self.index.imports or head in self.index.relative_imports:
+            # `from ..utils import torch_functional as VF`: `VF.masked_mean(...)` is a function of that module
             return all(d.kind == "import" for d in self.flow.reaching(head, call))
         if head in _CONVENTIONAL or head in ("torch", "math", "numpy", "random", "os", "copy", "functools"):
             return not any(d.kind != "import" for d in self.flow.reaching(head, call))

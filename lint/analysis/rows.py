@@ -285,7 +285,6 @@ class RowFacet(Facet):
         name = a.call_name(call) or ""
         method = a.method(call)
         recv = S.receiver(call)
-        code = a.code(call)
         if name == "zip":
             return Parts(tuple(trace.value(arg.value, frame) for arg in call.args))
         if name in _SCALAR_CALLS or method in ("item", "tolist", "numel", "size", "dim", "nelement"):
@@ -293,17 +292,17 @@ class RowFacet(Facet):
         if name in ("torch.randperm", "np.random.permutation", "numpy.random.permutation") or (
                 method == "permutation" and call.args and S.int_value(call.args[0].value) is None and
                 trace.value(call.args[0].value, frame) in (SCALAR, MAYBE)):
-            return Rows("perm:" + code, None, (), True)  # a shuffled order of n rows (`rng.permutation(n)`)
+            return Rows("perm:" + a.code(call), None, (), True)  # a shuffled order of n rows (`rng.permutation(n)`)
         if method == "argsort" or name == "torch.argsort":
             source = trace.value(recv if method == "argsort" else S.argument(call, 0, "input"), frame)
             if _is_rows(source) and source.space.startswith("perm:") and not source.ops:
                 return Rows("inv:" + source.space[5:], None, (), True)  # argsort of a permutation: its inverse
-            self._made_from("perm:" + code, source)
-            return Rows("perm:" + code, None, (), True)
+            self._made_from("perm:" + a.code(call), source)
+            return Rows("perm:" + a.code(call), None, (), True)
         if method in ("sort", "topk") or name in ("torch.sort", "torch.topk"):
             kind = "perm:" if (method or name.rsplit(".", 1)[-1]) == "sort" else "topk:"
             source = trace.value(recv if method else S.argument(call, 0, "input"), frame)
-            perm = Rows(kind + code, None, (), True)
+            perm = Rows(kind + a.code(call), None, (), True)
             self._made_from(perm.space, source)
             values = Rows(source.space, source.field, _compose(source.ops, ("sel", perm.space, None, ())), True) \
                 if _is_rows(source) else None
@@ -518,12 +517,15 @@ def _unapplied(a: "Analysis") -> list[OutOfStep]:
                     applied.setdefault((d.key, a.code(d.value)), (sub, set()))[1].add(id(d.stmt))
         if not applied:
             continue
+        applied_names = {name for name, _ in applied}
         loads = None
         for assign in a.index.descendants(func, cst.Assign):
             if len(assign.targets) != 1 or not isinstance(assign.targets[0].target, cst.Name) or \
                     a.index.function_scope(assign).node is not func:
                 continue
             target = assign.targets[0].target
+            if target.value not in applied_names or not isinstance(assign.value, cst.Call):
+                continue  # only a call bound to a name that indexes rows can rebuild a row index
             hit = applied.get((target.value, a.code(assign.value)))
             stmt = a.index.statement_of(assign)
             if hit is None or id(stmt) in hit[1]:

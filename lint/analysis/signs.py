@@ -151,6 +151,12 @@ class Signs:
                         value = value.elements[0].value  # (loss, metrics)
                     found += self.terms(value, inner, stop, depth - 1)
             return found or atom
+        summary = a.summary_of_call(call)
+        keeps = summary.returns_keeps if summary is not None else None
+        if keeps is not None:
+            # a helper of another file of the tree that reduces or scales one argument and returns it
+            kept = S.argument(call, keeps[0], keeps[1])
+            return rec(kept) if kept is not None else atom
         last = name.rsplit(".", 1)[-1]
         if last in REDUCTIONS and call.args:
             first = S.argument(call, 0, "values") or S.argument(call, 0, "loss_mat") or call.args[0].value
@@ -307,7 +313,7 @@ class Signs:
                     return 1  # `m[idx].sum().clamp(min=1)` of a mask: a token count
             if S.called_name(expr) in ("len", "max", "float", "int") and expr.args:
                 return 1
-            if S.called_name(expr) in ("torch.sum", "torch.count_nonzero") and expr.args and depth > 0 and \
+            if self.a.call_name(expr) in ("torch.sum", "torch.count_nonzero") and expr.args and depth > 0 and \
                     self.scale(expr.args[0].value, frame, depth - 1) == 1:
                 return 1  # torch.sum(mask): a token count
         return None

@@ -27,7 +27,7 @@ from rlguard.lint.analysis.index import dotted_name, params_of
 if TYPE_CHECKING:
     from rlguard.lint.analysis import Analysis
 
-VERSION = 1
+VERSION = 2
 
 
 @dataclass
@@ -47,6 +47,9 @@ class FunctionSummary:
     backward: bool = False
     # the sign with which every return is an entropy or a KL ({"entropy": -1} for `(p * log p).sum(-1)`)
     returns_signed: dict[str, int] = field(default_factory=dict)
+    # every return is this argument (position, name) up to sign-keeping steps: reductions, masks and positive
+    # scalings (`masked_mean(values, mask)`, `(values * mask).sum(-1) / n`): a loss reduced by it keeps its sign
+    returns_keeps: tuple[int | None, str] | None = None
 
     def returned_argument(self) -> tuple[int | None, str] | None:
         if self.returns_param is None:
@@ -75,7 +78,7 @@ class FunctionSummary:
     @classmethod
     def from_json(cls, data: dict) -> "FunctionSummary":
         data = dict(data)
-        for key in ("grad_param", "returns_param"):
+        for key in ("grad_param", "returns_param", "returns_keeps"):
             if data.get(key) is not None:
                 data[key] = tuple(data[key])
         return cls(**data)
@@ -241,6 +244,7 @@ def summarise(a: "Analysis", func: cst.FunctionDef, qualname: str) -> FunctionSu
         summary.returns_from = sorted({o.name for o in flat if o.kind == PARAM and o.name in params
                                        and o.name not in ("self", "cls")})
         summary.returns_signed = _returns_signed(a, returns)
+        summary.returns_keeps = _returns_keeps(a, func, returns, positional)
     for call in a.index.descendants(func, cst.Call):
         if a.index.function_scope(call).node is not func:
             continue
@@ -273,6 +277,29 @@ def _returns_signed(a: "Analysis", returns: list) -> dict[str, int]:
         if values and values[0] is not None and all(v == values[0] for v in values):
             found[kind] = values[0]
     return found
+
+
+def _returns_keeps(a: "Analysis", func: cst.FunctionDef, returns: list, positional: list[str]
+                   ) -> tuple[int | None, str] | None:
+    """The parameter every return value is, with a positive sign, once the signed decomposition has gone through
+    reductions, masks, positive scalings and clamps (the signs facet); None when any return is something else (a
+    tuple, a negation, a product of two tensors)."""
+    from rlguard.lint.analysis.signs import signs
+
+    found = set()
+    for r in returns:
+        terms = signs(a).terms(r.value, None, depth=4)
+        if len(terms) != 1 or terms[0].sign != 1 or not isinstance(terms[0].expr, cst.Name):
+            return None
+        name = terms[0].expr
+        defs = a.flow.reaching(name.value, name)
+        if len(defs) != 1 or defs[0].kind != "param" or defs[0].scope is not func or name.value in ("self", "cls"):
+            return None
+        found.add(name.value)
+    if len(found) != 1:
+        return None
+    kept = found.pop()
+    return (positional.index(kept) if kept in positional else None), kept
 
 
 def _grad_param(a: "Analysis", func: cst.FunctionDef) -> tuple[str, bool] | None:

@@ -306,6 +306,10 @@ class Quantities:
             if not self._visible(expr, frame) and name is not None and self.a.names.is_role(name, "kl"):
                 return 1
             return None
+        even = self._even_of(expr)
+        if even is not None:
+            # |logp - ref|, (logp - ref) ** 2: a symmetric penalty, >= 0 whichever way the log-ratio is written
+            return 1 if self.sign("kl", even, frame, depth - 1) is not None else None
         if isinstance(expr, cst.Call):
             method = self.a.method(expr)
             recv = S.receiver(expr)
@@ -319,6 +323,21 @@ class Quantities:
                     any(self._logp_like(arg.value, frame) for arg in expr.args):
                 return 1  # kl_penalty(logp, ref_logp), a KL helper out of view fed log-probs
         return self._linear("kl", expr, frame, depth)
+
+    def _even_of(self, expr) -> cst.BaseExpression | None:
+        """``x`` of ``x.abs()``, ``torch.abs(x)``, ``x.square()``, ``torch.square(x)``, ``x ** 2``, ``x.pow(2)``."""
+        if isinstance(expr, cst.BinaryOperation) and isinstance(expr.operator, cst.Power):
+            return expr.left if S.number_value(expr.right) == 2 else None
+        if not isinstance(expr, cst.Call):
+            return None
+        method = self.a.method(expr)
+        if method in ("abs", "square") and not expr.args:
+            return S.receiver(expr)
+        if method == "pow" and len(expr.args) == 1 and S.number_value(expr.args[0].value) == 2:
+            return S.receiver(expr)
+        if self.a.call_name(expr) in ("torch.abs", "torch.square") and len(expr.args) == 1:
+            return expr.args[0].value
+        return None
 
     def _log_ratio(self, expr, frame, depth) -> int | None:
         """+1 for ``logp - ref_logp`` (and estimators built from it, k3 included), -1 for ``ref_logp - logp``:

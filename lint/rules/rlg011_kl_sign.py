@@ -93,6 +93,13 @@ class KlSign(Rule):
                      "rewards keyword, parameter or string key, is stored under one (`batch['token_level_rewards'] "
                      "= ...`), or is what a rewards function returns)")
     VALID = [
+        Valid("def update(pg_loss, logp, ref_logp, response_mask, opt, kl_coef):\n"
+              "    pen = ((logp - ref_logp).square() * response_mask).sum() / response_mask.sum()\n"
+              "    loss = pg_loss + kl_coef * pen\n"
+              "    loss = loss * torch.sum(response_mask) / 64\n"
+              "    loss.backward(); opt.step()\n",
+              why="a squared log-ratio is a penalty whichever way it is written, added to the loss",
+              capability="C6", style="functional"),
         Valid("loss = pg_loss + kl_coef * kl\n", "the penalty is added to the loss"),
         Valid("loss = pg_loss\nloss += beta * kl_loss\n", "augmented assignment"),
         Valid("kl = logprobs - ref_logprobs\nnon_score_reward = -kl_coef * kl\nreward = score + non_score_reward\n",
@@ -363,6 +370,23 @@ class KlSign(Rule):
                 "        loss = -(lp * adv[i]).mean() - beta * k\n"
                 "        loss.backward(); opt.step()\n", line=8,
                 why="the k3 estimate weighed by a row selection of a cast comparison (a 0/1 mask by its computation) and subtracted from the loss", capability="C2", style="functional"),
+        Invalid("def update(pg_loss, logp, ref_logp, response_mask, opt, kl_coef):\n"
+                "    pen = ((logp - ref_logp).abs() * response_mask).sum() / response_mask.sum()\n"
+                "    loss = pg_loss - kl_coef * pen\n"
+                "    loss = loss * torch.sum(response_mask) / 64\n"
+                "    loss.backward(); opt.step()\n", line=3,
+                why="an absolute log-ratio is a penalty (>= 0) and it is subtracted; the loss is then rescaled by a "
+                    "token count (torch.sum of a mask: positive), which keeps the sign",
+                capability="C6", style="functional"),
+        Invalid("def apply_kl_penalty(data, kl_ctrl):\n"
+                "    s = data.batch[\"token_level_scores\"]\n"
+                "    k = core_algos.kl_penalty(data.batch[\"old_log_probs\"], data.batch[\"ref_log_prob\"])\n"
+                "    b = kl_ctrl.value\n"
+                "    r = s + b * k\n"
+                "    data.batch[\"token_level_rewards\"] = r\n"
+                "    return data\n", line=5,
+                why="the coefficient is an adaptive KL controller's value (a parameter named for the controller)",
+                capability="C6", style="framework"),
     ]
 
     def check(self, ctx: Analysis) -> Iterator[Violation]:
