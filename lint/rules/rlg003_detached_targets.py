@@ -68,7 +68,9 @@ class DetachedTargets(Rule):
     # stable since 2026-12-07: its stable part (a target's role shown by its use, a forward in view) reports 4 TRUE
     # and no FALSE on the 49 repositories (development 4 TRUE; validation and holdout, 5,135 files, no finding),
     # and renaming changes none of them; roles from names and forwards assumed out of view stay preview
-    triggers = (r"(?i)log_?p|advantage|\badv(?:s\b|_|\b)|value_targets|\bgae\b"
+    # the log-prob computations themselves (a softmax, a gather, a cross-entropy) admit a file whose variables are
+    # named otherwise: reference log-probs are known by the model that computes them
+    triggers = (r"(?i)log_?p|advantage|\badv(?:s\b|_|\b)|value_targets|\bgae\b|log_softmax|cross_entropy|\.gather\("
                 r"|(?-i:\breturns\b(?![ \t]*:)(?! (?:the|a|an|of|to|is|are|and|or|whether|when|if|None|True|False)\b))")
     fixable = True
 
@@ -77,6 +79,14 @@ class DetachedTargets(Rule):
                      "a forward assumed through a method of a model whose code is out of view "
                      "(`ref.compute_logp(batch)` may run under no_grad or behind an RPC layer)")
     VALID = [
+        Valid("def sft_anchor(model, ref_model, ids, labels, beta):\n"
+              "    with torch.no_grad():\n"
+              "        a = ref_model(ids).logits[:, :-1]\n"
+              "        b = -F.cross_entropy(a.transpose(1, 2), labels, reduction=\"none\").sum(-1)\n"
+              "    c = -F.cross_entropy(model(ids).logits[:, :-1].transpose(1, 2), labels, reduction=\"none\").sum(-1)\n"
+              "    loss = -F.logsigmoid(beta * (c - b)).mean()\n"
+              "    loss.backward()\n",
+              why="the reference model's log-probs computed under no_grad", capability="C1", style="functional"),
         Valid("with torch.no_grad():\n"
               "    old_logp = compute_logp(policy, ids)\n", "under no_grad"),
         Valid("import jax\n"
@@ -221,6 +231,13 @@ class DetachedTargets(Rule):
               "advantages accumulated in a list from detached values", capability="C1", style="functional"),
     ]
     INVALID = [
+        Invalid("def sft_anchor(model, ref_model, ids, labels, beta):\n"
+                "    a = ref_model(ids).logits[:, :-1]\n"
+                "    b = -F.cross_entropy(a.transpose(1, 2), labels, reduction=\"none\").sum(-1)\n"
+                "    c = -F.cross_entropy(model(ids).logits[:, :-1].transpose(1, 2), labels, reduction=\"none\").sum(-1)\n"
+                "    loss = -F.logsigmoid(beta * (c - b)).mean()\n"
+                "    loss.backward()\n", line=3,
+                why="no name says reference or log-probs: the negated cross-entropy of the reference model's forward is", capability="C1", style="functional"),
         Invalid("def update(policy, critic, obs, actions, rewards, old_logp, gamma=0.99):\n"
                 "    values = critic(obs).squeeze(-1)\n"
                 "    rev = []\n"
@@ -243,7 +260,8 @@ class DetachedTargets(Rule):
         Invalid("ref_logits = self.ref_model(input_ids).logits\n"
                 "ref_per_token_logps = selective_log_softmax(ref_logits, input_ids)\n", line=2,
                 fixed="ref_logits = self.ref_model(input_ids).logits\n"
-                      "ref_per_token_logps = selective_log_softmax(ref_logits, input_ids).detach()\n", preview=True),
+                      "ref_per_token_logps = selective_log_softmax(ref_logits, input_ids).detach()\n",
+                why="log-probs of a forward of the reference model (an attribute set elsewhere, named for it)"),
         Invalid("class Trainer:\n"
                 "    def collect(self, ids):\n"
                 "        self.old_log_probs = self.token_logp(self.policy, ids)\n", line=3,
@@ -341,10 +359,14 @@ class DetachedTargets(Rule):
             if role is None and by_use is not None:
                 role = by_use
             logp_named = role is None and _logp_named(element)
-            if role is None and not logp_named:
-                continue
             # forwards that carry gradient into trained weights (a reward model's output is not trained)
             live = [o for o in forwards_of_def(ctx, d, grad=True) if o.model is None or o.model.role != "reward"]
+            if by_use is None and _reference_logprobs(live):
+                by_use = "ref_logp"  # log-probs that only forwards of the reference model compute
+                role = role or by_use
+                logp_named = False
+            if role is None and not logp_named:
+                continue
             if logp_named:
                 # `base_action_log_probs = self.initial_model(...)`: log-probs of the reference model
                 if not live or not all(o.model is not None and o.model.role == "reference" for o in live):
@@ -363,6 +385,15 @@ class DetachedTargets(Rule):
                              preview=assumed or by_use is None or by_use != role and {by_use, role} != {
                                  "old_logp", "ref_logp"})
         return None
+
+
+def _reference_logprobs(live: list) -> bool:
+    """Log-probs (or a cross-entropy's negation) that only forwards of the reference model compute, the model known
+    as the reference by its interface (a parameter or an attribute read here and set elsewhere, named for it) or by
+    how it is built (`create_reference_model`, a copy of the policy): the target of a KL, whatever the value is
+    called."""
+    return bool(live) and all(o.model is not None and o.model.role == "reference" and o.what in ("logprobs", "nll")
+                              for o in live)
 
 
 def _not_a_target(ctx: Analysis, d: Def) -> bool:
