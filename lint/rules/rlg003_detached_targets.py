@@ -77,7 +77,9 @@ class DetachedTargets(Rule):
     PREVIEW_PARTS = ("a target whose role comes from its variable's name only (stable when its use shows the role: "
                      "it weighs both sides of a PPO clip, or meets a keyword, parameter or string key named for it)",
                      "a forward assumed through a method of a model whose code is out of view "
-                     "(`ref.compute_logp(batch)` may run under no_grad or behind an RPC layer)")
+                     "(`ref.compute_logp(batch)` may run under no_grad or behind an RPC layer)",
+                     "log-probs known as the reference's by the model that computes them (a reference is usually "
+                     "frozen by its builder, often in another file, and then no gradient flows)")
     VALID = [
         Valid("def sft_anchor(model, ref_model, ids, labels, beta):\n"
               "    with torch.no_grad():\n"
@@ -237,7 +239,8 @@ class DetachedTargets(Rule):
                 "    c = -F.cross_entropy(model(ids).logits[:, :-1].transpose(1, 2), labels, reduction=\"none\").sum(-1)\n"
                 "    loss = -F.logsigmoid(beta * (c - b)).mean()\n"
                 "    loss.backward()\n", line=3,
-                why="no name says reference or log-probs: the negated cross-entropy of the reference model's forward is", capability="C1", style="functional"),
+                why="no name says reference or log-probs: the negated cross-entropy of the reference model's forward is",
+                capability="C1", style="functional", preview=True),
         Invalid("def update(policy, critic, obs, actions, rewards, old_logp, gamma=0.99):\n"
                 "    values = critic(obs).squeeze(-1)\n"
                 "    rev = []\n"
@@ -261,7 +264,8 @@ class DetachedTargets(Rule):
                 "ref_per_token_logps = selective_log_softmax(ref_logits, input_ids)\n", line=2,
                 fixed="ref_logits = self.ref_model(input_ids).logits\n"
                       "ref_per_token_logps = selective_log_softmax(ref_logits, input_ids).detach()\n",
-                why="log-probs of a forward of the reference model (an attribute set elsewhere, named for it)"),
+                why="log-probs of a forward of the reference model (an attribute set elsewhere, named for it)",
+                preview=True),
         Invalid("class Trainer:\n"
                 "    def collect(self, ids):\n"
                 "        self.old_log_probs = self.token_logp(self.policy, ids)\n", line=3,
@@ -361,9 +365,12 @@ class DetachedTargets(Rule):
             logp_named = role is None and _logp_named(element)
             # forwards that carry gradient into trained weights (a reward model's output is not trained)
             live = [o for o in forwards_of_def(ctx, d, grad=True) if o.model is None or o.model.role != "reward"]
-            if by_use is None and _reference_logprobs(live):
-                by_use = "ref_logp"  # log-probs that only forwards of the reference model compute
-                role = role or by_use
+            by_provenance = by_use is None and _reference_logprobs(live)
+            if by_provenance:
+                # log-probs that only forwards of the reference model compute. A preview part: a reference is
+                # usually frozen by its builder (`requires_grad = False` over its parameters, often in another file),
+                # and then no gradient flows whatever the context; the ecosystem shows that case (grpo-flat)
+                role = role or "ref_logp"
                 logp_named = False
             if role is None and not logp_named:
                 continue
@@ -382,7 +389,7 @@ class DetachedTargets(Rule):
             # that names the role); a role that rests on the variable's name alone is a preview finding
             assumed = all(o.assumed for o in live)  # only methods out of view: they may run under no_grad
             return Violation(element if unpacked else stmt.value, message, fix,
-                             preview=assumed or by_use is None or by_use != role and {by_use, role} != {
+                             preview=assumed or by_provenance or by_use is None or by_use != role and {by_use, role} != {
                                  "old_logp", "ref_logp"})
         return None
 
