@@ -25,6 +25,8 @@ GROUP_NAME = re.compile(
 # A group structure named (for "is there grouping in view" only, never for which axis is the group's): a group
 # count or a group size spelled either way.
 GROUP_STRUCTURE = re.compile(r"(?i)(num_|n_)?groups?_?(num|count|size|len)|(num_|n_)groups")
+# A reward by what it is computed by: a function named for rewards (`calculate_rewards(...)`, `reward_fn(...)`).
+_REWARD_WORD = re.compile(r"(?i)(^|_)rewards?(_|$)")
 STAT_METHODS = frozenset({"mean", "std", "var", "nanmean"})
 VIEW_METHODS = frozenset({"view", "reshape"})
 
@@ -101,6 +103,14 @@ class GroupBaseline(Rule):
                 r"|['\"](?:per_)?(?:group|prompt)['\"]|(?:scal|norm|std)\w*\s*==\s*['\"](?:none|off|no)['\"]")
 
     VALID = [
+        Valid("def train(loader, args):\n"
+              "    for batch in loader:\n"
+              "        r = calculate_rewards(batch['prompts'], batch['completions'])\n"
+              "        g = r.view(-1, args.num_generations)\n"
+              "        m = g.mean(dim=1).repeat_interleave(args.num_generations)\n"
+              "        s = g.std(dim=1).repeat_interleave(args.num_generations)\n"
+              "        adv = (r - m) / (s + 1e-4)\n",
+              why="each group's own mean, spread back over its samples", capability="C5", style="script"),
         Valid("def adv(rewards, G):\n    grouped = rewards.view(-1, G)\n"
               "    return (grouped - grouped.mean(dim=1, keepdim=True)).view(-1)\n", "per-group mean", capability="C7", style="functional"),
         Valid("mean_grouped_rewards = rewards.view(-1, self.num_generations).mean(dim=1)\n"
@@ -263,6 +273,15 @@ class GroupBaseline(Rule):
               "the helper runs once per row of the grouped view", capability="C5", style="class"),
     ]
     INVALID = [
+        Invalid("def train(loader, args):\n"
+                "    for batch in loader:\n"
+                "        r = calculate_rewards(batch['prompts'], batch['completions'])\n"
+                "        g = r.view(-1, args.num_generations)\n"
+                "        m = g.mean().repeat_interleave(args.num_generations)\n"
+                "        s = g.std(dim=1).repeat_interleave(args.num_generations)\n"
+                "        adv = (r - m) / (s + 1e-4)\n", line=7,
+                why="the mean of a view that holds every group, taken with no dim, is the batch's (inside the "
+                    "training loop, whatever the view is called)", capability="C5", style="script"),
         Invalid("def group_advantages(rewards, group_size, eps=1e-4):\n    advantages = rewards - rewards.mean()\n"
                 "    advantages = advantages / (rewards.std() + eps)\n    return advantages\n", line=2,
                 why="whole-batch mean with a group size in view"),
@@ -420,8 +439,12 @@ class GroupBaseline(Rule):
             source = _mean_source(ctx, mean_call)
             if source is None or not groups.reward_like(source) or not groups.reward_like(op.left):
                 continue
-            if _in_loop(ctx, op) or groups.group_named(source) or groups.one_group_function(op):
-                continue
+            # a 2-d view with the group size as one of its dims holds every group, whatever it is called: its mean
+            # with no dim is the batch's (a tensor merely named for a group may hold one)
+            all_groups = mean_call is not None and groups.whole_mean(op.right) is not None and \
+                groups.view_layout(source) is not None
+            if not all_groups and (_in_loop(ctx, op) or groups.group_named(source)) or groups.one_group_function(op):
+                continue  # inside a loop over groups, or on a tensor named for a group: it may hold one group
             if one_group_size(ctx, source, groups.is_group) is not None:
                 continue  # the tensor holds one group (built over range(G)): its mean is the group's
             label = _population_label(ctx, op)
@@ -564,6 +587,8 @@ class _Groups:
     def whole_mean(self, expr) -> cst.Call | None:
         """``x.mean()`` / ``torch.mean(x)`` with no dim (directly or through a name), else None."""
         expr = self.resolve(expr)
+        while isinstance(expr, cst.Call) and self.ctx.method(expr) in ("repeat_interleave", "expand", "repeat"):
+            expr = self.resolve(S.receiver(expr))  # `x.mean().repeat_interleave(G)`: the one mean, spread
         if not isinstance(expr, cst.Call):
             return None
         if self.ctx.method(expr) in ("mean", "nanmean"):
@@ -625,8 +650,8 @@ class _Groups:
     def reward_like(self, expr) -> bool:
         names = self._names(expr)
         vocab = self.ctx.names
-        return any(vocab.is_role(n, "rewards") for n in names) and not any(vocab.is_role(n, "advantages")
-                                                                          for n in names)
+        return any(vocab.is_role(n, "rewards") or _REWARD_WORD.search(n) for n in names) and not any(
+            vocab.is_role(n, "advantages") for n in names)
 
     def _names(self, expr, depth: int = 6) -> list[str]:
         out = []
@@ -637,12 +662,16 @@ class _Groups:
                 if isinstance(expr, cst.Subscript):
                     expr = expr.value
                     continue
+                if isinstance(expr, cst.Call) and S.called_name(expr):
+                    out.append(S.called_name(expr))  # `calculate_rewards(...)`: what a function is named for returns
                 break
             out.append(key.rsplit("[", 1)[-1].strip("']") if "[" in key else key.rsplit(".", 1)[-1])
             defs = self.ctx.flow.reaching(key, expr)
             if len(defs) != 1 or defs[0].kind != "assign" or defs[0].value is None:
                 break
             expr = defs[0].value
+            while isinstance(expr, cst.Call) and self.ctx.method(expr) in VIEW_METHODS:
+                expr = S.receiver(expr)  # `grouped = rewards.view(-1, G)`: a view of the rewards is rewards
         return out
 
     def group_named(self, expr) -> bool:
