@@ -280,12 +280,28 @@ class Models:
             self._trained = EMPTY
             found: set = set()
             for call in self.a.nodes(cst.Call):
-                if S.method_name(call) in ("parameters", "named_parameters"):
+                method = S.method_name(call)
+                if method in ("parameters", "named_parameters"):
                     recv = S.receiver(call)
                     if recv is not None and self._in_optimizer(call):
                         found |= {o.key for o in self.roots(recv)}
+                elif method == "__init__" and self._trainer_init(call):
+                    # `super().__init__(model=model, ...)` in a subclass of a Trainer: the framework trains it
+                    model = S.argument(call, 0, "model")
+                    if model is not None:
+                        found |= {o.key for o in self.roots(model)}
             self._trained = frozenset(found)
         return self._trained
+
+    def _trainer_init(self, call: cst.Call) -> bool:
+        """``super().__init__(...)`` in a class with a base named as a trainer (``Trainer``, ``GRPOTrainer``,
+        ``BaseTrainer``): the base class's constructor, which takes the model it trains."""
+        recv = S.receiver(call)
+        if not (isinstance(recv, cst.Call) and S.called_name(recv) == "super"):
+            return False
+        cls = self.a.enclosing_class(call)
+        return cls is not None and any((dotted_name(b.value) or "").rsplit(".", 1)[-1].endswith("Trainer")
+                                       for b in cls.bases)
 
     def _in_optimizer(self, params_call: cst.Call) -> bool:
         a = self.a

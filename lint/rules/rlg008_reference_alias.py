@@ -88,6 +88,15 @@ class ReferenceAlias(Rule):
     fixable = True
 
     VALID = [
+        Valid("from transformers import AutoModelForCausalLM, Trainer\n"
+              "from trl import create_reference_model\n"
+              "class PairTrainer(Trainer):\n"
+              "    def __init__(self, model, args, ref_model=None):\n"
+              "        if isinstance(model, str):\n"
+              "            model = AutoModelForCausalLM.from_pretrained(model)\n"
+              "        self.ref_model = create_reference_model(model)\n"
+              "        super().__init__(model=model, args=args)\n",
+              why="a frozen copy of the model the Trainer trains", capability="C2", style="framework"),
         Valid("import copy\nref = copy.deepcopy(model).eval()\n", "a deep copy"),
         Valid("ref_model = AutoModelForCausalLM.from_pretrained(name)\n", "loaded separately"),
         Valid("from trl import create_reference_model\nref_model = create_reference_model(model)\n",
@@ -230,6 +239,15 @@ class ReferenceAlias(Rule):
               "optimizer trains", capability="C1", style="script"),
     ]
     INVALID = [
+        Invalid("from transformers import AutoModelForCausalLM, Trainer\n"
+                "class PairTrainer(Trainer):\n"
+                "    def __init__(self, model, args, ref_model=None):\n"
+                "        if isinstance(model, str):\n"
+                "            model = AutoModelForCausalLM.from_pretrained(model)\n"
+                "        self.ref_model = model\n"
+                "        super().__init__(model=model, args=args)\n", line=6,
+                why="the model a Trainer subclass hands to its base class is the one the framework trains, however it "
+                    "was built", capability="C2", style="framework"),
         Invalid("def main(path, lr):\n"
                 "    model = AutoModelForCausalLM.from_pretrained(path)\n"
                 "    r = model\n"
