@@ -114,6 +114,35 @@ class Analysis:
     def qualified_name(self, expr: cst.BaseExpression) -> str | None:
         return self.index.qualified_name(expr)
 
+    def function_alias(self, call: cst.Call) -> str | None:
+        """The function a called name or ``self.`` attribute is bound to, when every binding of it refers to the
+        same one (``f``, ``mod.f``, ``torch.compile(f, ...)``, either of them under a condition): its qualified
+        name, else None. ``self.entropy_fn = torch.compile(verl_F.entropy_from_logits)`` then
+        ``self.entropy_fn(logits)`` calls ``entropy_from_logits``, whatever the attribute is called."""
+        key = key_of(call.func)
+        if key is None:
+            return None
+        if key.startswith("self."):
+            cls = self.enclosing_class(call)
+            defs = self.index.class_defs.get(id(cls), {}).get(key, []) if cls is not None else []
+        else:
+            defs = self.flow.reaching(key, call.func)
+        found = set()
+        for d in defs:
+            if d.kind != "assign" or d.value is None or d.element is not None:
+                return None
+            choices = [d.value.body, d.value.orelse] if isinstance(d.value, cst.IfExp) else [d.value]
+            for value in choices:
+                if isinstance(value, cst.Call) and self.call_name(value) == "torch.compile" and value.args:
+                    value = value.args[0].value
+                if not isinstance(value, (cst.Name, cst.Attribute)):
+                    return None
+                name = self.qualified_name(value) or dotted_name(value)
+                if name is None or name.startswith("self."):
+                    return None
+                found.add(name)
+        return found.pop() if len(found) == 1 else None
+
     def is_module_function(self, call: cst.Call) -> bool:
         """``torch.roll(...)``, ``F.pad(...)``, ``np.mean(...)``: a function of an imported module, not a method of
         a value."""

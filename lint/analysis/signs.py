@@ -40,6 +40,10 @@ SIGN_KEEPING_FUNCTIONS = frozenset({"torch.clamp", "torch.clip", "torch.mean", "
                                     "torch.nansum", "torch.nn.functional.pad", "torch.masked_select",
                                     "torch.nan_to_num", "torch.repeat_interleave", "torch.squeeze",
                                     "torch.unsqueeze", "torch.flatten"})
+# Packed-sequence layout functions of libraries (flash-attn's padding helpers, verl's Ulysses gather, einops): they
+# move a tensor's values between padded and packed layouts, and keep their signs.
+LAYOUT_FUNCTIONS = frozenset({"pad_input", "unpad_input", "index_first_axis", "gather_outputs_and_unpad",
+                              "gather_outpus_and_unpad", "rearrange", "pad_sequence"})
 MIN_MAX = {"torch.min": "min", "torch.minimum": "min", "torch.fmin": "min", "min": "min",
            "torch.max": "max", "torch.maximum": "max", "torch.fmax": "max", "max": "max"}
 DEPTH = 16  # name expansions and helper calls along one path
@@ -158,6 +162,9 @@ class Signs:
             kept = S.argument(call, keeps[0], keeps[1])
             return rec(kept) if kept is not None else atom
         last = name.rsplit(".", 1)[-1]
+        if last in LAYOUT_FUNCTIONS and call.args and "." in name:
+            moved = S.argument(call, 0, "hidden_states") or S.argument(call, 0, "x") or S.argument(call, 0, "tensor")
+            return rec(moved) if moved is not None else atom
         if last in REDUCTIONS and call.args:
             first = S.argument(call, 0, "values") or S.argument(call, 0, "loss_mat") or call.args[0].value
             return rec(first)

@@ -105,6 +105,8 @@ class Quantities:
                     return None
                 found.add(self.sign(kind, bound[0], bound[1], depth - 1))
             elif d.kind == "assign" and d.element is None and d.value is not None and d.key == key:
+                if isinstance(d.value, cst.Name) and d.value.value == "None":
+                    continue  # `entropy = None` before the branches that compute it: no value that reaches a sum
                 found.add(self.sign(kind, d.value, frame, depth - 1))
             elif d.kind == "assign" and d.element is not None and isinstance(d.value, cst.Call) and d.key == key:
                 found.add(self._returned_element(kind, d.value, d.element, frame, depth))
@@ -236,8 +238,14 @@ class Quantities:
 
     def _entropy_call(self, expr) -> bool:
         name = S.called_name(expr) if isinstance(expr, cst.Call) else None
-        return name is not None and (S.ENTROPY_HELPER.fullmatch(name) is not None or (
-            name == "entropy" and self.a.method(expr) == "entropy") or self.a.call_name(expr) in S.ENTROPY_FUNCTIONS)
+        if name is None:
+            return False
+        if S.ENTROPY_HELPER.fullmatch(name) is not None or (name == "entropy" and self.a.method(expr) == "entropy") \
+                or self.a.call_name(expr) in S.ENTROPY_FUNCTIONS:
+            return True
+        alias = self.a.function_alias(expr)  # `self.entropy_fn(logits)` bound to an entropy function
+        return alias is not None and (S.ENTROPY_HELPER.fullmatch(alias.rsplit(".", 1)[-1]) is not None or
+                                      alias in S.ENTROPY_FUNCTIONS)
 
     def _entropy_formula(self, expr, frame) -> bool:
         """``-(p * logp).sum(-1)`` with ``p`` probabilities and ``logp`` log-probs of the same logits, or
