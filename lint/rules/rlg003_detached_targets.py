@@ -363,6 +363,8 @@ class DetachedTargets(Rule):
             if role is None and by_use is not None:
                 role = by_use
             logp_named = role is None and _logp_named(element)
+            if role is None and not logp_named and not ctx.preview:
+                continue  # the role by provenance alone is a preview part: the forwards are not traced for it
             # forwards that carry gradient into trained weights (a reward model's output is not trained)
             live = [o for o in forwards_of_def(ctx, d, grad=True) if o.model is None or o.model.role != "reward"]
             by_provenance = by_use is None and _reference_logprobs(live)
