@@ -103,8 +103,10 @@ class StopTokenUntrained(Rule):
     preview = True
     PREVIEW_PARTS = ('a pad id, or a loss mask, known only by the name of a local (`pad_id = tokenizer.eos_token_id`, `completion_mask = ...`): a finding that rests on it vanishes when the local is renamed, and is reported with `--preview` only',)
     # the pad made the EOS on one line (`tok.pad_token = tok.eos_token`, `pad_id = EOS_ID`, `pad_token_id=eos_id`),
-    # and a comparison or an ignore index that drops the pad's id (`!=`, `ne(`, `ignore_index=`, `-100`)
-    triggers = (r"(?i)pad[^\n]*(eos|eot)|(eos|eot)[^\n]*pad", r"(?i)!=|\.ne\(|not_equal|ignore|-100")
+    # and a comparison or an ignore index that drops the pad's id (`!=`, `ne(`, `ignore_index=`, `-100`); a `!=`
+    # against a literal (`strategy != "no"`, `x != 0`, `y != None`) compares no token ids
+    triggers = (r"(?i)pad[^\n]*(eos|eot)|(eos|eot)[^\n]*pad",
+                r"(?i)!=(?![ \t]*(?:[\"'\d\[({-]|none\b|true\b|false\b))|\.ne\(|not_equal|ignore_index|ignore_id|-100")
     # the labels form needs no mask: the ignore index (`-100`, `IGNORE_INDEX`) is in the pattern itself
 
     VALID = [
