@@ -9,16 +9,68 @@
   scaled by the same width again (``x[i * G:(i + 1) * G]``): windows start at ``i * G * G``, most are skipped.
 - :func:`batch_axis_source`: a reduction over axis 0 of a function's own parameter (``rewards.mean(dim=0)``),
   which for a flat per-sample tensor is the whole batch.
+- :func:`is_group_size`: a group size (samples per prompt), by the name it or what it is bound to has;
+  :func:`grouped_later`: a binding whose value is later viewed as groups (``r.view(-1, G)``).
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import libcst as cst
 
 from rlguard.lint.analysis import semantics as S
-from rlguard.lint.analysis.index import key_of
+from rlguard.lint.analysis.index import Def, key_of
+
+# Names of a group size (samples per prompt). Plain `samples`, `rollouts`, `k` are not: they name lists and indices.
+GROUP_NAME = re.compile(
+    r"(?i)(num_|n_|k_)?(group_?size|groups?_?len|generations(_per_prompt)?|samples_per_(prompt|group|query)|"
+    r"num_samples|n_samples|rollouts?_per_prompt|responses_per_prompt|completions_per_prompt|return_sequences|"
+    r"num_return_sequences|rloo_k|repeat_times|n_rollouts|num_rollouts)(_eval|_train)?|rollout_n|(?-i:G)")
+# A group structure named (for "is there grouping in view" only, never for which axis is the group's): a group
+# count or a group size spelled either way.
+GROUP_STRUCTURE = re.compile(r"(?i)(num_|n_)?groups?_?(num|count|size|len)|(num_|n_)groups")
+VIEW_METHODS = frozenset({"view", "reshape"})
+
+
+def is_group_size(ctx, expr, depth: int = 3) -> bool:
+    """A group size: named so, or bound (through aliases) to something named so (``G = self.num_generations``:
+    the attribute a config sets keeps its name when a file's locals are renamed)."""
+    if isinstance(expr, cst.IfExp):
+        return is_group_size(ctx, expr.body, depth) and is_group_size(ctx, expr.orelse, depth)
+    name = key_of(expr) if isinstance(expr, (cst.Name, cst.Attribute)) else None
+    if name is None:
+        return False
+    if GROUP_NAME.fullmatch(name.rsplit(".", 1)[-1]):
+        return True
+    if depth > 0:
+        defs = ctx.flow.reaching(name, expr)
+        return bool(defs) and all(d.kind == "assign" and d.value is not None and is_group_size(ctx, d.value, depth - 1)
+                                  for d in defs)
+    return False
+
+
+def grouped_later(ctx, d: Def) -> bool:
+    """Whether the value binding ``d`` gives its name is read, where that binding reaches, as the receiver of a
+    view into groups (``rewards.view(-1, G)``, ``reshape(B, G)``, with a group size among the dims): a per-sample
+    value compared within its prompt's group (GRPO/RLOO rewards)."""
+    scope = ctx.index.function_scope(d.stmt).node
+    if "." in d.key or "[" in d.key:
+        return False
+    for call in ctx.index.descendants(scope, cst.Call) if scope is not ctx.module else ctx.nodes(cst.Call):
+        if ctx.method(call) not in VIEW_METHODS:
+            continue
+        recv = S.receiver(call)
+        if not isinstance(recv, cst.Name) or recv.value != d.key or ctx.index.order[id(call)] < d.order:
+            continue
+        args = [a.value for a in call.args if a.keyword is None]
+        if len(args) == 1 and isinstance(args[0], (cst.Tuple, cst.List)):
+            args = [e.value for e in args[0].elements]
+        if len(args) >= 2 and any(is_group_size(ctx, a) for a in args) and \
+                any(r is d for r in ctx.flow.reaching(recv.value, recv)):
+            return True
+    return False
 
 INTERLEAVED = "interleaved"
 CONTIGUOUS = "contiguous"
@@ -284,5 +336,6 @@ def one_group_size(ctx, expr, is_group, depth: int = 5):
     return None
 
 
-__all__ = ["one_group_size", "CONTIGUOUS", "INTERLEAVED", "StridedWindow", "batch_axis_source", "double_strided", "layout_in_scope",
-           "layout_of_call"]
+__all__ = ["CONTIGUOUS", "GROUP_NAME", "GROUP_STRUCTURE", "INTERLEAVED", "StridedWindow", "VIEW_METHODS",
+           "batch_axis_source", "double_strided", "grouped_later", "is_group_size", "layout_in_scope",
+           "layout_of_call", "one_group_size"]

@@ -337,6 +337,26 @@ class Models:
         return bool(ref.roots & self._frozen)
 
 
+_ADAPTER_OFF = re.compile(r"(?i)disable_adapters?|null_ref_context|adapter_disabled|without_adapter")
+
+
+def _reference_context(a: "Analysis", item: cst.BaseExpression) -> bool:
+    """``model.disable_adapter()``, ``self.null_ref_context()``, ``use_adapter(model, adapter_name="ref")``: a
+    context under which the policy's forwards are the reference's."""
+    if not isinstance(item, cst.Call):
+        return False
+    name = S.called_name(item) or ""
+    if _ADAPTER_OFF.fullmatch(name):
+        return True
+    if name in ("use_adapter", "set_adapter"):
+        for arg in item.args:
+            for node in (arg.value.body, arg.value.orelse) if isinstance(arg.value, cst.IfExp) else (arg.value,):
+                if isinstance(node, cst.SimpleString) and re.fullmatch(r"(?i)ref(erence)?(_\w+)?",
+                                                                       node.evaluated_value or ""):
+                    return True
+    return False
+
+
 def models(a: "Analysis") -> Models:
     return a.facet("models", Models)
 
@@ -400,7 +420,26 @@ class ProvenanceFacet(Facet):
         state = self.grad.enabled(call, frame)
         if state is not False and self.models.is_frozen(model):
             state = False
+        if model.role in ("policy", "model") and self._adapter_reference(call, frame):
+            model = replace(model, role="reference")  # the PEFT policy with its adapter off: the reference
         return frozenset({Origin(FORWARD, id(call), state, what, model, model.names[0] if model.names else "")})
+
+    def _adapter_reference(self, call: cst.Call, frame) -> bool:
+        """Whether the forward runs, here or through the calls that led to it, inside a context that turns the
+        policy's adapter off or switches to a reference adapter (``with model.disable_adapter():``,
+        ``with self.null_ref_context():``, ``with use_adapter(model, adapter_name="ref"):``)."""
+        nodes = [call]
+        while frame is not None:
+            if frame.call is not None:
+                nodes.append(frame.call)
+            frame = frame.caller
+        for node in nodes:
+            for anc in self.a.index.ancestors(node):
+                if isinstance(anc, (cst.FunctionDef, cst.ClassDef)):
+                    break
+                if isinstance(anc, cst.With) and any(_reference_context(self.a, item.item) for item in anc.items):
+                    return True
+        return False
 
     # ----- transfer ---------------------------------------------------------------------------------------------
     def node(self, trace, expr, frame):

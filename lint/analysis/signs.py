@@ -435,6 +435,11 @@ def _comparison_like(expr: cst.BaseExpression | None) -> bool:
     return False
 
 
+_SHAPE_ONLY = frozenset({"clone", "detach", "contiguous", "unsqueeze", "squeeze", "view", "reshape", "flatten",
+                         "expand", "expand_as", "repeat", "repeat_interleave", "to", "cpu", "cuda"})
+_ONES = frozenset({"torch.ones_like", "torch.ones"})
+
+
 def zero_one(a: "Analysis", expr: cst.BaseExpression, depth: int = 3) -> bool:
     """Whether ``expr`` holds 0/1 values by how it is computed (a comparison, a cast of one, a bool tensor,
     ``&``/``|`` of such values), through row selections and single definitions, whatever it is called."""
@@ -444,10 +449,26 @@ def zero_one(a: "Analysis", expr: cst.BaseExpression, depth: int = 3) -> bool:
         return True
     if depth <= 0:
         return False
-    if isinstance(expr, cst.Call) and a.method(expr) in _CASTS | {"clone", "detach", "contiguous"} and \
-            S.receiver(expr) is not None:
+    if isinstance(expr, cst.Call) and a.method(expr) in _CASTS | _SHAPE_ONLY and S.receiver(expr) is not None:
         return zero_one(a, S.receiver(expr), depth)
-    if isinstance(expr, cst.BinaryOperation) and isinstance(expr.operator, (cst.BitAnd, cst.BitOr)):
+    if isinstance(expr, cst.Call):
+        name = a.call_name(expr) or ""
+        if name in _ONES or a.method(expr) in ("new_ones",):
+            return True  # all ones: a mask that keeps everything
+        last = name.rsplit(".", 1)[-1]
+        if (name in ("torch.tensor", "torch.as_tensor", "torch.stack", "torch.cat") or last in (
+                "pad", "pad_sequence")) and expr.args and S.number_value(
+                S.argument(expr, None, "padding_value") or cst.Integer("0")) in (0, 1, None):
+            # rows of 0/1 values put together (padded with 0 or 1): 0/1 values
+            return zero_one(a, expr.args[0].value, depth)
+    if isinstance(expr, (cst.ListComp, cst.GeneratorExp)):
+        return zero_one(a, expr.elt, depth)
+    if isinstance(expr, (cst.List, cst.Tuple)) and expr.elements:
+        return all(zero_one(a, el.value, depth - 1) for el in expr.elements)
+    if isinstance(expr, cst.UnaryOperation) and isinstance(expr.operator, cst.BitInvert):
+        return zero_one(a, expr.expression, depth)
+    if isinstance(expr, cst.BinaryOperation) and isinstance(expr.operator, (cst.BitAnd, cst.BitOr, cst.Multiply)):
+        # `m1 & m2`, `m1 * m2`: a selection of selections (a product of 0/1 values is 0/1)
         return zero_one(a, expr.left, depth - 1) and zero_one(a, expr.right, depth - 1)
     key = key_of(expr)
     if key is None:

@@ -12,23 +12,15 @@ from rlguard.catalog import GROUP_BASELINE
 from rlguard.lint.analysis import Analysis, dotted_name
 from rlguard.lint.analysis import semantics as S
 from rlguard.lint.analysis.grad import call_sites
-from rlguard.lint.analysis.groups import INTERLEAVED, batch_axis_source, double_strided, layout_in_scope, one_group_size
+from rlguard.lint.analysis.groups import (GROUP_NAME, GROUP_STRUCTURE, INTERLEAVED, VIEW_METHODS, batch_axis_source,
+                                          double_strided, is_group_size, layout_in_scope, one_group_size)
 from rlguard.lint.analysis.index import key_of, children
 from rlguard.lint.analysis.labels import branch_label, disables_scaling, population
 from rlguard.lint.rule import Invalid, Rule, Valid, Violation
 
-# Names of a group size (samples per prompt). Plain `samples`, `rollouts`, `k` are not: they name lists and indices.
-GROUP_NAME = re.compile(
-    r"(?i)(num_|n_|k_)?(group_?size|groups?_?len|generations(_per_prompt)?|samples_per_(prompt|group|query)|"
-    r"num_samples|n_samples|rollouts?_per_prompt|responses_per_prompt|completions_per_prompt|return_sequences|"
-    r"num_return_sequences|rloo_k|repeat_times|n_rollouts|num_rollouts)|rollout_n|(?-i:G)")
-# A group structure named (for "is there grouping in view" only, never for which axis is the group's): a group
-# count or a group size spelled either way.
-GROUP_STRUCTURE = re.compile(r"(?i)(num_|n_)?groups?_?(num|count|size|len)|(num_|n_)groups")
 # A reward by what it is computed by: a function named for rewards (`calculate_rewards(...)`, `reward_fn(...)`).
 _REWARD_WORD = re.compile(r"(?i)(^|_)rewards?(_|$)")
 STAT_METHODS = frozenset({"mean", "std", "var", "nanmean"})
-VIEW_METHODS = frozenset({"view", "reshape"})
 
 
 class GroupBaseline(Rule):
@@ -678,17 +670,7 @@ class _Groups:
         return any("group" in n.lower() for n in self._names(expr))
 
     def is_group(self, expr, depth: int = 3) -> bool:
-        """A group size: named so, or bound (through aliases) to something named so."""
-        name = key_of(expr) if isinstance(expr, (cst.Name, cst.Attribute)) else None
-        if name is None:
-            return False
-        if GROUP_NAME.fullmatch(name.rsplit(".", 1)[-1]):
-            return True
-        if depth > 0:
-            defs = self.ctx.flow.reaching(name, expr)
-            return bool(defs) and all(d.kind == "assign" and d.value is not None and self.is_group(d.value, depth - 1)
-                                      for d in defs)
-        return False
+        return is_group_size(self.ctx, expr, depth)
 
     def group_in_view(self, node) -> bool:
         """A group structure in the function: a group size (by name) used to reshape, repeat or split a tensor,

@@ -9,6 +9,7 @@ import libcst as cst
 
 from rlguard.catalog import KL_SIGN
 from rlguard.lint.analysis import Analysis
+from rlguard.lint.analysis.groups import grouped_later
 from rlguard.lint.analysis.index import key_entry, key_of
 from rlguard.lint.analysis.roles import interface_names
 from rlguard.lint.analysis.losses import flip, top_terms
@@ -93,6 +94,22 @@ class KlSign(Rule):
                      "rewards keyword, parameter or string key, is stored under one (`batch['token_level_rewards'] "
                      "= ...`), or is what a rewards function returns)")
     VALID = [
+        Valid("from trl.trainer.utils import pad, use_adapter\n"
+              "class Scorer:\n"
+              "    def token_logps(self, model, ids):\n"
+              "        z = model(ids).logits[:, :-1]\n"
+              "        return torch.log_softmax(z, -1).gather(-1, ids[:, 1:, None]).squeeze(-1)\n"
+              "    def advantages(self, model, ids, rows, scores):\n"
+              "        m = pad([torch.ones_like(r) for r in rows], padding_value=0)\n"
+              "        with torch.no_grad():\n"
+              "            lp = self.token_logps(model, ids)\n"
+              "            with use_adapter(model, adapter_name=\"ref\"):\n"
+              "                rl = self.token_logps(model, ids)\n"
+              "        k = ((lp - rl) * m).sum(-1)\n"
+              "        r = scores - self.beta * k\n"
+              "        g = r.view(-1, self.num_generations)\n"
+              "        return (g - g.mean(dim=1, keepdim=True)).view(-1)\n",
+              why="the same KL subtracted from the grouped reward", capability="C2", style="class"),
         Valid("def update(pg_loss, logp, ref_logp, response_mask, opt, kl_coef):\n"
               "    pen = ((logp - ref_logp).square() * response_mask).sum() / response_mask.sum()\n"
               "    loss = pg_loss + kl_coef * pen\n"
@@ -208,6 +225,22 @@ class KlSign(Rule):
               "the same estimate added as a penalty", capability="C2", style="functional"),
     ]
     INVALID = [
+        Invalid("from trl.trainer.utils import pad, use_adapter\n"
+                "class Scorer:\n"
+                "    def token_logps(self, model, ids):\n"
+                "        z = model(ids).logits[:, :-1]\n"
+                "        return torch.log_softmax(z, -1).gather(-1, ids[:, 1:, None]).squeeze(-1)\n"
+                "    def advantages(self, model, ids, rows, scores):\n"
+                "        m = pad([torch.ones_like(r) for r in rows], padding_value=0)\n"
+                "        with torch.no_grad():\n"
+                "            lp = self.token_logps(model, ids)\n"
+                "            with use_adapter(model, adapter_name=\"ref\"):\n"
+                "                rl = self.token_logps(model, ids)\n"
+                "        k = ((lp - rl) * m).sum(-1)\n"
+                "        r = scores + self.beta * k\n"
+                "        g = r.view(-1, self.num_generations)\n"
+                "        return (g - g.mean(dim=1, keepdim=True)).view(-1)\n", line=13,
+                why="a value viewed as groups of samples is a reward (GRPO/RLOO), whatever it is called; the reference is the policy with its reference adapter on, and the mask is ones padded with zeros", capability="C2", style="class"),
         Invalid("loss = pg_loss - kl_coef * kl\n", line=1, fixed="loss = pg_loss + kl_coef * kl\n", preview=True),
         Invalid("loss = pg_loss\nloss -= self.beta * kl.mean()\n", line=2,
                 fixed="loss = pg_loss\nloss += self.beta * kl.mean()\n", preview=True),
@@ -459,12 +492,14 @@ def _reward_key(key: str) -> bool:
 
 
 def _reward_by_interface(ctx: Analysis, d) -> bool:
-    """Whether the shaped value is a reward by the interface it meets, not by its variable's name: it is stored
-    under, or handed to, a string key, keyword or parameter named for rewards, or returned by a function named
-    for them (a local name alone makes the finding a preview one: renaming the variable must not change a stable
-    finding)."""
+    """Whether the shaped value is a reward by the interface it meets or by its use, not by its variable's name: it
+    is stored under, or handed to, a string key, keyword or parameter named for rewards, returned by a function
+    named for them, or viewed as groups of samples (``r.view(-1, G)``, the GRPO/RLOO baseline's input); a local name
+    alone makes the finding a preview one: renaming the variable must not change a stable finding."""
     if "[" in d.key:
         return _reward_key(d.key)
+    if grouped_later(ctx, d):
+        return True
     if any(_REWARD_INTERFACE.fullmatch(name) and not _NOT_A_REWARD.search(name)
            for name in interface_names(ctx, d, _REWARD_INTERFACE.fullmatch)):
         return True
