@@ -11,8 +11,8 @@ from rlguard.catalog import MASK_NOT_SHIFTED
 from rlguard.lint.analysis import Analysis, dotted_name
 from rlguard.lint.analysis import semantics as S
 from rlguard.lint.analysis.alignment import (ATTENTION_NAME, LIKE_FUNCTIONS, OWNER_NAME, ROOT_IDS, ROOT_LOGITS,
-                                             ROOT_TOKEN, ROOT_UNKNOWN, Align,
-                                             alignment, gather_site, token_values)
+                                             ROOT_TOKEN, ROOT_UNKNOWN, Align, alignment, classify_root,
+                                             gather_site, token_values)
 from rlguard.lint.analysis.grad import call_sites
 from rlguard.lint.analysis.index import children
 from rlguard.lint.analysis.records import records_by_function
@@ -89,9 +89,15 @@ class MaskNotShifted(Rule):
     """
 
     code = MASK_NOT_SHIFTED
+    # stable since 2026-12-07 (fourth session) for masks whose alignment is a convention, not a producer's: an
+    # attention or padding mask, an ownership tensor, a comparison of the ids themselves (all sit at ids positions).
+    # The FALSE findings the ecosystem showed all came from loss/action masks whose producer decides the alignment
+    # (a rolled-labels engine, a collate in another module) or from a mask cut to a common width: those are preview
+    PREVIEW_PARTS = ("a loss, action or response mask read from elsewhere (`batch['loss_mask']`, a record's field): "
+                     "where it sits is decided by its producer, often out of view",
+                     "a mask of unknown origin moved against log-probs computed in view (`torch.roll(mask, 1, -1)` "
+                     "on a mask this file does not build)")
     # a mask and a shift: a 2-d slice, a pad or roll, or a window from the end (`[-R:]`, not an index `[-1]`)
-    # preview: the ecosystem check shows FALSE findings where a mask's alignment is decided by a producer out of view (a rolled-labels engine, a collate in another module) and where a constant mask is cut to a common width (docs/benchmarks.md, Ecosystem)
-    preview = True
     triggers = (r"mask", r"\[\s*:\s*,|\[\s*\.\.\.\s*,|\.pad\(|roll\(|\[\s*-[^\]\n]*:")
 
     VALID = [
@@ -224,7 +230,7 @@ class MaskNotShifted(Rule):
         Invalid("ratio = torch.exp(logp - old_logp)\nm = F.pad(batch['attention_mask'], (1, 0))[:, :-1]\n"
                 "pg_loss = masked_mean(-adv * ratio, m)\n", line=2, why="padded the wrong way"),
         Invalid("loss_mask = torch.roll(mask, 1, -1)\nkl = (log_probs - ref_log_probs) * loss_mask\n", line=1,
-                why="rolled the wrong way"),
+                why="rolled the wrong way", preview=True),
         Invalid("logp = full_logp[:, -L:]\nmask = attention_mask[:, -L - 1:-1]\n"
                 "loss = -(logp * adv * mask).sum()\n", line=2, why="window one step too early",
                 capability="C7", style="script"),
@@ -232,7 +238,7 @@ class MaskNotShifted(Rule):
                 "        self.loss_mask = batch['loss_mask'][:, :-1]\n"
                 "    def loss(self, logp, adv):\n        return -(logp * adv * self.loss_mask).sum()\n", line=3,
                 why="a [B, T] loss mask cut to [:, :-1], used through a self attribute",
-                capability="C3", style="class"),
+                capability="C3", style="class", preview=True),
         Invalid("log_probs = F.pad(token_logp, (1, 0))\nmask = F.pad(attention_mask, (1, 0))\n"
                 "loss = (log_probs * mask).sum()\n", line=2,
                 why="log-probs moved to token positions, an ids-aligned mask moved too"),
@@ -352,14 +358,15 @@ class MaskNotShifted(Rule):
                 yield Violation(stmt, f"this action mask is aligned to ids[:, {_window(m)}] but the log-probs of "
                                       f"this module are stored from ids position {convention} on; move the mask "
                                       "with the log-probs (for log-probs of ids[:, 1:]: attention_mask[:, 1:], "
-                                      "owner[:, 1:] == POLICY)")
+                                      "owner[:, 1:] == POLICY)", preview=not _aligned_by_convention(ctx, m))
                 continue
             if m.kind != ROOT_IDS or (m.e - m.s).const != -1 or m.s.const == 1:
                 continue
             producers.add(id(stmt))
             yield Violation(stmt, f"this action mask is [B, T-1] but aligned to ids[:, {_window(m)}], not to "
                                   "ids[:, 1:] like the log-probs; build it from ids[:, 1:] "
-                                  "(e.g. owner[:, 1:] == POLICY, attention_mask[:, 1:])")
+                                  "(e.g. owner[:, 1:] == POLICY, attention_mask[:, 1:])",
+                            preview=not _aligned_by_convention(ctx, m))
         yield from _record_mismatches(ctx, producers)
         reported: set[int] = set()
         deferred: dict[int, list] = {}
@@ -369,8 +376,9 @@ class MaskNotShifted(Rule):
             if verdict is not None and id(node) not in reported:
                 reported.add(id(node))
                 # Report where the mask was moved (the roll, pad or window to fix) when that is in view.
-                moved_at = seq.value(mask).moved_at
-                yield Violation(statements.get(moved_at, node), verdict)
+                m = seq.value(mask)
+                yield Violation(statements.get(m.moved_at, node), verdict,
+                                preview=not _aligned_by_convention(ctx, m))
             else:
                 func = ctx.enclosing_function(node)
                 if func is not None:
@@ -385,7 +393,15 @@ class MaskNotShifted(Rule):
                     verdict = _judge(ctx, values, mask, frame, producers)
                     if verdict is not None and id(call) not in reported:
                         reported.add(id(call))
-                        yield Violation(call, f"in `{func.name.value}` called here: {verdict}")
+                        yield Violation(call, f"in `{func.name.value}` called here: {verdict}",
+                                        preview=not _aligned_by_convention(ctx, seq.value(mask, frame)))
+
+
+def _aligned_by_convention(ctx: Analysis, m: Align | None) -> bool:
+    """Whether the mask's root sits at ids positions by convention rather than by a producer's choice: an attention
+    or padding mask, an ownership tensor or the ids (compared with a pad id or a role). A loss or action mask read
+    from elsewhere sits wherever its producer put it."""
+    return m is not None and classify_root(ctx, m.name) == ROOT_IDS
 
 
 def _storage_convention(ctx: Analysis) -> int | None:
@@ -608,7 +624,7 @@ def _record_mismatches(ctx: Analysis, producers: set[int]) -> Iterator[Violation
             if any(v in producers for v in m.via):
                 continue
             k = m.s.const - start
-            yield Violation(e.node, f"this loss mask is stored with labels that are ids[:, {start}:]-aligned (the "
+            yield Violation(e.node, preview=not _aligned_by_convention(ctx, m), message=f"this loss mask is stored with labels that are ids[:, {start}:]-aligned (the "
                                     f"per-token log-probs scored against them sit there) but the mask is "
                                     f"{abs(k)} position{'s' if abs(k) != 1 else ''} {'left' if k < 0 else 'right'} "
                                     "of them, at ids positions; move it with the labels (e.g. roll or slice it "
