@@ -802,7 +802,7 @@ class TokenFacet(Facet):
         token (one step on, like log-probs); read from elsewhere its layout is not known."""
         logits = self._logits().value(expr, frame)
         if logits is not None and logits.model and logits.moved:
-            return frozenset({(logits.shift(ONE, ONE), True)})
+            return frozenset({(logits.shift(ONE, ONE), VALUE_HEAD)})
         return EMPTY
 
     def _scalar_head(self, expr, frame) -> frozenset:
@@ -811,7 +811,7 @@ class TokenFacet(Facet):
         token like log-probs (the catalog's convention); whatever its name."""
         head = self._logits().value(expr, frame)
         if head is not None and head.model and head.moved:
-            return frozenset({(head.shift(ONE, ONE), True)})
+            return frozenset({(head.shift(ONE, ONE), VALUE_HEAD)})
         return EMPTY
 
     def _call(self, trace, call, frame) -> frozenset:
@@ -851,6 +851,11 @@ class TokenFacet(Facet):
                 return inner
             return EMPTY
         return EMPTY
+
+
+# The "computed in view" mark of a value head's predictions (truthy like True): placed by the catalog's convention,
+# one step on like log-probs, which not every framework follows (verl's critic reads values at the state positions).
+VALUE_HEAD = "value_head"
 
 
 def token_values(a: "Analysis") -> Trace:

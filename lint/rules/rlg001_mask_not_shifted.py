@@ -11,8 +11,8 @@ from rlguard.catalog import MASK_NOT_SHIFTED
 from rlguard.lint.analysis import Analysis, dotted_name
 from rlguard.lint.analysis import semantics as S
 from rlguard.lint.analysis.alignment import (ATTENTION_NAME, LIKE_FUNCTIONS, OWNER_NAME, ROOT_IDS, ROOT_LOGITS,
-                                             ROOT_TOKEN, ROOT_UNKNOWN, Align, alignment, classify_root,
-                                             gather_site, token_values)
+                                             ROOT_TOKEN, ROOT_UNKNOWN, VALUE_HEAD, Align, alignment,
+                                             classify_root, gather_site, token_values)
 from rlguard.lint.analysis.grad import call_sites
 from rlguard.lint.analysis.index import children
 from rlguard.lint.analysis.records import records_by_function
@@ -96,7 +96,9 @@ class MaskNotShifted(Rule):
     PREVIEW_PARTS = ("a loss, action or response mask read from elsewhere (`batch['loss_mask']`, a record's field): "
                      "where it sits is decided by its producer, often out of view",
                      "a mask of unknown origin moved against log-probs computed in view (`torch.roll(mask, 1, -1)` "
-                     "on a mask this file does not build)")
+                     "on a mask this file does not build)",
+                     "a mask beside a value head's predictions only: where values sit is a framework's choice (verl's "
+                     "critic reads them at the state positions)")
     # a mask and a shift: a 2-d slice, a pad or roll, or a window from the end (`[-R:]`, not an index `[-1]`)
     triggers = (r"mask", r"\[\s*:\s*,|\[\s*\.\.\.\s*,|\.pad\(|roll\(|\[\s*-[^\]\n]*:")
 
@@ -300,12 +302,12 @@ class MaskNotShifted(Rule):
                 "    pred = vhead(b['seq']).logits[:, -R - 1:-1]\n    keep = b['attention_mask'][:, -R - 1:-1]\n"
                 "    return masked_mean((pred.squeeze(-1) - target) ** 2, keep)\n", line=4,
                 why="a value head sliced like logits over the response, its mask cut like the logits too",
-                capability="C8", style="functional"),
+                capability="C8", style="functional", preview=True),
         Invalid("class PPO:\n    def critic_loss(self, ids, attention_mask, returns):\n"
                 "        v = self.critic(ids).logits[:, :-1].squeeze(-1)\n        m = attention_mask[:, :-1]\n"
                 "        return (((v - returns) ** 2) * m).sum() / m.sum()\n", line=4,
                 why="critic predictions pair with the next token: their mask is attention_mask[:, 1:]",
-                capability="C8", style="class"),
+                capability="C8", style="class", preview=True),
         Invalid("def actor_loss(model, data, old_log_prob, adv):\n    responses = data['responses']\n"
                 "    R = responses.size(1)\n    logits = model(input_ids=data['input_ids']).logits[:, -R - 1:-1]\n"
                 "    log_prob = logprobs_from_logits(logits, data['input_ids'][:, -R:])\n"
@@ -378,7 +380,7 @@ class MaskNotShifted(Rule):
                 # Report where the mask was moved (the roll, pad or window to fix) when that is in view.
                 m = seq.value(mask)
                 yield Violation(statements.get(m.moved_at, node), verdict,
-                                preview=not _aligned_by_convention(ctx, m))
+                                preview=not _aligned_by_convention(ctx, m) or _value_heads_only(ctx, values, None))
             else:
                 func = ctx.enclosing_function(node)
                 if func is not None:
@@ -394,7 +396,8 @@ class MaskNotShifted(Rule):
                     if verdict is not None and id(call) not in reported:
                         reported.add(id(call))
                         yield Violation(call, f"in `{func.name.value}` called here: {verdict}",
-                                        preview=not _aligned_by_convention(ctx, seq.value(mask, frame)))
+                                        preview=not _aligned_by_convention(ctx, seq.value(mask, frame)) or
+                                        _value_heads_only(ctx, values, frame))
 
 
 def _aligned_by_convention(ctx: Analysis, m: Align | None) -> bool:
@@ -402,6 +405,14 @@ def _aligned_by_convention(ctx: Analysis, m: Align | None) -> bool:
     or padding mask, an ownership tensor or the ids (compared with a pad id or a role). A loss or action mask read
     from elsewhere sits wherever its producer put it."""
     return m is not None and classify_root(ctx, m.name) == ROOT_IDS
+
+
+def _value_heads_only(ctx: Analysis, values, frame) -> bool:
+    """Whether the per-token values a mask selects are only a value head's predictions: where those sit is the
+    catalog's convention (one step on, like log-probs), which some frameworks do not follow (verl's critic reads its
+    values at the state positions and masks them there), so a finding on them is a preview one."""
+    aligns = token_values(ctx).value(values, frame)
+    return bool(aligns) and all(computed == VALUE_HEAD for _, computed in aligns)
 
 
 def _storage_convention(ctx: Analysis) -> int | None:
