@@ -55,22 +55,36 @@ def grouped_later(ctx, d: Def) -> bool:
     """Whether the value binding ``d`` gives its name is read, where that binding reaches, as the receiver of a
     view into groups (``rewards.view(-1, G)``, ``reshape(B, G)``, with a group size among the dims): a per-sample
     value compared within its prompt's group (GRPO/RLOO rewards)."""
-    scope = ctx.index.function_scope(d.stmt).node
     if "." in d.key or "[" in d.key:
         return False
+    scope = ctx.index.function_scope(d.stmt).node
+    for recv in _group_views(ctx, scope).get(d.key, ()):
+        if ctx.index.order[id(recv)] > d.order and any(r is d for r in ctx.flow.reaching(recv.value, recv)):
+            return True
+    return False
+
+
+def _group_views(ctx, scope) -> dict[str, list[cst.Name]]:
+    """Per function (cached): the names read as the receiver of a view into groups, with those reads."""
+    cache = ctx.cache.setdefault("group_views", {})
+    hit = cache.get(id(scope))
+    if hit is not None:
+        return hit
+    found: dict[str, list[cst.Name]] = {}
     for call in ctx.index.descendants(scope, cst.Call) if scope is not ctx.module else ctx.nodes(cst.Call):
         if ctx.method(call) not in VIEW_METHODS:
             continue
         recv = S.receiver(call)
-        if not isinstance(recv, cst.Name) or recv.value != d.key or ctx.index.order[id(call)] < d.order:
+        if not isinstance(recv, cst.Name):
             continue
         args = [a.value for a in call.args if a.keyword is None]
         if len(args) == 1 and isinstance(args[0], (cst.Tuple, cst.List)):
             args = [e.value for e in args[0].elements]
-        if len(args) >= 2 and any(is_group_size(ctx, a) for a in args) and \
-                any(r is d for r in ctx.flow.reaching(recv.value, recv)):
-            return True
-    return False
+        if len(args) >= 2 and any(is_group_size(ctx, a) for a in args):
+            found.setdefault(recv.value, []).append(recv)
+    cache[id(scope)] = found
+    return found
+
 
 INTERLEAVED = "interleaved"
 CONTIGUOUS = "contiguous"

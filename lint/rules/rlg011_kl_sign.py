@@ -498,16 +498,14 @@ def _reward_by_interface(ctx: Analysis, d) -> bool:
     alone makes the finding a preview one: renaming the variable must not change a stable finding."""
     if "[" in d.key:
         return _reward_key(d.key)
-    if grouped_later(ctx, d):
-        return True
     if any(_REWARD_INTERFACE.fullmatch(name) and not _NOT_A_REWARD.search(name)
            for name in interface_names(ctx, d, _REWARD_INTERFACE.fullmatch)):
         return True
     func = ctx.enclosing_function(d.stmt)
-    if func is None or not ctx.names.is_role(func.name.value, "rewards") and "reward" not in func.name.value.lower():
-        return False
-    returns = ctx.index.scopes[id(func)].returns
-    return any(ret.value is not None and key_of(ret.value) == d.key for ret in returns)
+    if func is not None and (ctx.names.is_role(func.name.value, "rewards") or "reward" in func.name.value.lower()) \
+            and any(ret.value is not None and key_of(ret.value) == d.key for ret in ctx.index.scopes[id(func)].returns):
+        return True
+    return grouped_later(ctx, d)
 
 
 def _reads_key(ctx: Analysis, operand: cst.BaseExpression, key: str) -> bool:
