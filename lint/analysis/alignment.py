@@ -260,7 +260,7 @@ class AlignFacet(Facet):
             elif self.side == "seq":
                 # `batch = torch.tensor(rows)`: a tensor of its own, at its own positions. It pairs only with
                 # itself (its root is this assignment), so `model(batch)` scored against `batch` is one sequence
-                value = replace(self.root(d.target, d.key, None), root=f"<def@{id(d.stmt)}>")
+                value = Align(ZERO, ZERO, f"<def@{id(d.stmt)}>", kind, name=d.key.rsplit(".", 1)[-1])
         if value is None or not isinstance(d.stmt, cst.CSTNode):
             return value
         moved_at = value.moved_at if value.moved_at is not None or not value.moved else id(d.stmt)

@@ -51,6 +51,14 @@ def is_group_size(ctx, expr, depth: int = 3) -> bool:
     return False
 
 
+def view_dims(call: cst.Call) -> list[cst.BaseExpression]:
+    """The dims a ``view``/``reshape`` call is given, as separate arguments or as one tuple or list."""
+    args = [a.value for a in call.args if a.keyword is None]
+    if len(args) == 1 and isinstance(args[0], (cst.Tuple, cst.List)):
+        args = [e.value for e in args[0].elements]
+    return args
+
+
 def grouped_later(ctx, d: Def) -> bool:
     """Whether the value binding ``d`` gives its name is read, where that binding reaches, as the receiver of a
     view into groups (``rewards.view(-1, G)``, ``reshape(B, G)``, with a group size among the dims): a per-sample
@@ -77,9 +85,7 @@ def _group_views(ctx, scope) -> dict[str, list[cst.Name]]:
         recv = S.receiver(call)
         if not isinstance(recv, cst.Name):
             continue
-        args = [a.value for a in call.args if a.keyword is None]
-        if len(args) == 1 and isinstance(args[0], (cst.Tuple, cst.List)):
-            args = [e.value for e in args[0].elements]
+        args = view_dims(call)
         if len(args) >= 2 and any(is_group_size(ctx, a) for a in args):
             found.setdefault(recv.value, []).append(recv)
     cache[id(scope)] = found
@@ -352,4 +358,4 @@ def one_group_size(ctx, expr, is_group, depth: int = 5):
 
 __all__ = ["CONTIGUOUS", "GROUP_NAME", "GROUP_STRUCTURE", "INTERLEAVED", "StridedWindow", "VIEW_METHODS",
            "batch_axis_source", "double_strided", "grouped_later", "is_group_size", "layout_in_scope",
-           "layout_of_call", "one_group_size"]
+           "layout_of_call", "one_group_size", "view_dims"]

@@ -337,16 +337,13 @@ class Models:
         return bool(ref.roots & self._frozen)
 
 
-_ADAPTER_OFF = re.compile(r"(?i)disable_adapters?|null_ref_context|adapter_disabled|without_adapter")
-
-
 def _reference_context(a: "Analysis", item: cst.BaseExpression) -> bool:
     """``model.disable_adapter()``, ``self.null_ref_context()``, ``use_adapter(model, adapter_name="ref")``: a
     context under which the policy's forwards are the reference's."""
     if not isinstance(item, cst.Call):
         return False
     name = S.called_name(item) or ""
-    if _ADAPTER_OFF.fullmatch(name):
+    if S.ADAPTER_OFF.fullmatch(name):
         return True
     if name in ("use_adapter", "set_adapter"):
         for arg in item.args:

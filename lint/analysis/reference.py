@@ -187,7 +187,6 @@ def constant_routings(ctx) -> list[ConstantRouting]:
 
 # outputs named as the reference's (log-probs come from the vocabulary's ref_logp role)
 REF_OUTPUT = re.compile(r"(?i)(ref|reference)_?(logits|outputs?|out|hidden_states|logits_\w+)")
-_ADAPTER_OFF = re.compile(r"(?i)disable_adapters?|null_ref_context|adapter_disabled|without_adapter")
 
 
 @dataclass(frozen=True)
@@ -289,7 +288,7 @@ def _guarded(ctx, node) -> bool:
 
 
 def _mentions_reference(ctx, test) -> bool:
-    if _ADAPTER_OFF.search(ctx.code(test)) or _ADAPTER_WORD.search(ctx.code(test)):
+    if S.ADAPTER_OFF.search(ctx.code(test)) or _ADAPTER_WORD.search(ctx.code(test)):
         return True
     for node in ctx.index.descendants(test, cst.Name, cst.Attribute) if not isinstance(test, (cst.Name, cst.Attribute)) \
             else [test]:

@@ -73,6 +73,8 @@ CATEGORICAL = frozenset({"torch.distributions.Categorical", "torch.distributions
                          "torch.distributions.OneHotCategorical", "Categorical", "torch.distributions.Normal",
                          "Normal", "torch.distributions.normal.Normal"})
 ENTROPY_FUNCTIONS = frozenset({"torch.special.entr"})
+# Contexts under which a PEFT policy runs with its adapter off (its forwards are the reference's).
+ADAPTER_OFF = re.compile(r"(?i)disable_adapters?|null_ref_context|adapter_disabled|without_adapter")
 
 # ----- models ---------------------------------------------------------------------------------------------------
 # Methods of a model that hand back the same module object (nn.Module.to/eval/half... work in place).

@@ -437,6 +437,7 @@ def _comparison_like(expr: cst.BaseExpression | None) -> bool:
 
 _SHAPE_ONLY = frozenset({"clone", "detach", "contiguous", "unsqueeze", "squeeze", "view", "reshape", "flatten",
                          "expand", "expand_as", "repeat", "repeat_interleave", "to", "cpu", "cuda"})
+_VALUE_KEEPING = _CASTS | _SHAPE_ONLY
 _ONES = frozenset({"torch.ones_like", "torch.ones"})
 
 
@@ -449,7 +450,7 @@ def zero_one(a: "Analysis", expr: cst.BaseExpression, depth: int = 3) -> bool:
         return True
     if depth <= 0:
         return False
-    if isinstance(expr, cst.Call) and a.method(expr) in _CASTS | _SHAPE_ONLY and S.receiver(expr) is not None:
+    if isinstance(expr, cst.Call) and a.method(expr) in _VALUE_KEEPING and S.receiver(expr) is not None:
         return zero_one(a, S.receiver(expr), depth)
     if isinstance(expr, cst.Call):
         name = a.call_name(expr) or ""

@@ -16,6 +16,33 @@ from rlguard.lint.analysis.terms import quantities
 from rlguard.lint.rule import Invalid, Rule, Valid, Violation
 
 
+# A packed-layout actor whose entropy comes from a library function through an attribute, a None placeholder and
+# a pad: flagged with the entropy added ({sign} = +), clean with it subtracted
+_PACKED_ENTROPY = (
+    "from flash_attn.bert_padding import pad_input\n"
+    "from verl.utils import torch_functional as verl_F\n"
+    "class Actor:\n"
+    "    def __init__(self, config):\n"
+    "        self.config = config\n"
+    "        self.h = (torch.compile(verl_F.entropy_from_logits, dynamic=True)\n"
+    "                  if config.use_torch_compile else verl_F.entropy_from_logits)\n"
+    "    def _fwd(self, batch, packed):\n"
+    "        ent = None\n"
+    "        out = self.module(batch[\"input_ids\"])\n"
+    "        if packed:\n"
+    "            ent = pad_input(hidden_states=self.h(out.logits).unsqueeze(-1), indices=batch[\"idx\"], batch=2, seqlen=8)\n"
+    "            ent = ent.squeeze(-1)\n"
+    "        else:\n"
+    "            ent = verl_F.entropy_from_logits(out.logits)\n"
+    "        return ent, out.logits.log_softmax(-1)\n"
+    "    def update(self, batch, pg_loss, coef):\n"
+    "        ent, lp = self._fwd(batch, self.config.packed)\n"
+    "        e = (ent * batch[\"response_mask\"]).sum() / batch[\"response_mask\"].sum()\n"
+    "        loss = pg_loss {sign} e * coef\n"
+    "        loss.backward()\n"
+)
+
+
 class EntropyBonusSign(Rule):
     """
     ## What it flags
@@ -65,27 +92,7 @@ class EntropyBonusSign(Rule):
 
     PREVIEW_PARTS = ("a loss known only by the name of the local variable that holds it (`loss = ...` with no backward, loss function or optimising caller in view)",)
     VALID = [
-        Valid("from flash_attn.bert_padding import pad_input\n"
-              "from verl.utils import torch_functional as verl_F\n"
-              "class Actor:\n"
-              "    def __init__(self, config):\n"
-              "        self.config = config\n"
-              "        self.h = (torch.compile(verl_F.entropy_from_logits, dynamic=True)\n"
-              "                  if config.use_torch_compile else verl_F.entropy_from_logits)\n"
-              "    def _fwd(self, batch, packed):\n"
-              "        ent = None\n"
-              "        out = self.module(batch[\"input_ids\"])\n"
-              "        if packed:\n"
-              "            ent = pad_input(hidden_states=self.h(out.logits).unsqueeze(-1), indices=batch[\"idx\"], batch=2, seqlen=8)\n"
-              "            ent = ent.squeeze(-1)\n"
-              "        else:\n"
-              "            ent = verl_F.entropy_from_logits(out.logits)\n"
-              "        return ent, out.logits.log_softmax(-1)\n"
-              "    def update(self, batch, pg_loss, coef):\n"
-              "        ent, lp = self._fwd(batch, self.config.packed)\n"
-              "        e = (ent * batch[\"response_mask\"]).sum() / batch[\"response_mask\"].sum()\n"
-              "        loss = pg_loss - e * coef\n"
-              "        loss.backward()\n",
+        Valid(_PACKED_ENTROPY.format(sign="-"),
               why="the same entropy, subtracted: a bonus", capability="C4", style="class"),
         Valid("def test_vocab_parallel_gradient(logits, labels):\n"
               "    logp = logits.log_softmax(-1).gather(-1, labels[..., None]).squeeze(-1)\n"
@@ -209,27 +216,7 @@ class EntropyBonusSign(Rule):
               "loss term", capability="C3", style="script"),
     ]
     INVALID = [
-        Invalid("from flash_attn.bert_padding import pad_input\n"
-                "from verl.utils import torch_functional as verl_F\n"
-                "class Actor:\n"
-                "    def __init__(self, config):\n"
-                "        self.config = config\n"
-                "        self.h = (torch.compile(verl_F.entropy_from_logits, dynamic=True)\n"
-                "                  if config.use_torch_compile else verl_F.entropy_from_logits)\n"
-                "    def _fwd(self, batch, packed):\n"
-                "        ent = None\n"
-                "        out = self.module(batch[\"input_ids\"])\n"
-                "        if packed:\n"
-                "            ent = pad_input(hidden_states=self.h(out.logits).unsqueeze(-1), indices=batch[\"idx\"], batch=2, seqlen=8)\n"
-                "            ent = ent.squeeze(-1)\n"
-                "        else:\n"
-                "            ent = verl_F.entropy_from_logits(out.logits)\n"
-                "        return ent, out.logits.log_softmax(-1)\n"
-                "    def update(self, batch, pg_loss, coef):\n"
-                "        ent, lp = self._fwd(batch, self.config.packed)\n"
-                "        e = (ent * batch[\"response_mask\"]).sum() / batch[\"response_mask\"].sum()\n"
-                "        loss = pg_loss + e * coef\n"
-                "        loss.backward()\n", line=20,
+        Invalid(_PACKED_ENTROPY.format(sign="+"), line=20,
                 why="the entropy comes from a helper that starts from None and computes it through an attribute bound to a library entropy function and a packed-layout pad: none of it is named for an entropy", capability="C4", style="class"),
         Invalid("class PolicyTrainer(FSDPModule):\n"
                 "    def train_step(self, batch, n_tokens):\n"

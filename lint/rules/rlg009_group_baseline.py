@@ -13,7 +13,8 @@ from rlguard.lint.analysis import Analysis, dotted_name
 from rlguard.lint.analysis import semantics as S
 from rlguard.lint.analysis.grad import call_sites
 from rlguard.lint.analysis.groups import (GROUP_NAME, GROUP_STRUCTURE, INTERLEAVED, VIEW_METHODS, batch_axis_source,
-                                          double_strided, is_group_size, layout_in_scope, one_group_size)
+                                          double_strided, is_group_size, layout_in_scope, one_group_size,
+                                          view_dims)
 from rlguard.lint.analysis.index import key_of, children
 from rlguard.lint.analysis.labels import branch_label, disables_scaling, population
 from rlguard.lint.rule import Invalid, Rule, Valid, Violation
@@ -768,9 +769,7 @@ class _Groups:
         expr = self.resolve(expr) if expr is not None else None
         if not (isinstance(expr, cst.Call) and self.ctx.method(expr) in VIEW_METHODS):
             return None
-        args = [a.value for a in expr.args if a.keyword is None]
-        if len(args) == 1 and isinstance(args[0], (cst.Tuple, cst.List)):
-            args = [e.value for e in args[0].elements]
+        args = view_dims(expr)
         if len(args) < 2:
             return None
         first, second = args[0], args[1]

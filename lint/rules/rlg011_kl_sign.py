@@ -26,6 +26,26 @@ IMPLICIT_REWARD_NAME = re.compile(r"(?i)\w*implicit\w*|(chosen|rejected|policy|r
                                   r"\w*logratios?\w*|\w*_margins?")
 
 
+# A GRPO/RLOO scorer: the reward is known by its grouping, the reference by its adapter, the mask by how it is built;
+# flagged with the KL added to the reward ({sign} = +), clean with it subtracted
+_GROUPED_REWARD = (
+    "from trl.trainer.utils import pad, use_adapter\n"
+    "class Scorer:\n"
+    "    def token_logps(self, model, ids):\n"
+    "        z = model(ids).logits[:, :-1]\n"
+    "        return torch.log_softmax(z, -1).gather(-1, ids[:, 1:, None]).squeeze(-1)\n"
+    "    def advantages(self, model, ids, rows, scores):\n"
+    "        m = pad([torch.ones_like(r) for r in rows], padding_value=0)\n"
+    "        with torch.no_grad():\n"
+    "            lp = self.token_logps(model, ids)\n"
+    "            with use_adapter(model, adapter_name=\"ref\"):\n"
+    "                rl = self.token_logps(model, ids)\n"
+    "        k = ((lp - rl) * m).sum(-1)\n"
+    "        r = scores {sign} self.beta * k\n"
+    "        g = r.view(-1, self.num_generations)\n"
+    "        return (g - g.mean(dim=1, keepdim=True)).view(-1)\n"
+)
+
 class KlSign(Rule):
     """
     ## What it flags
@@ -94,21 +114,7 @@ class KlSign(Rule):
                      "rewards keyword, parameter or string key, is stored under one (`batch['token_level_rewards'] "
                      "= ...`), or is what a rewards function returns)")
     VALID = [
-        Valid("from trl.trainer.utils import pad, use_adapter\n"
-              "class Scorer:\n"
-              "    def token_logps(self, model, ids):\n"
-              "        z = model(ids).logits[:, :-1]\n"
-              "        return torch.log_softmax(z, -1).gather(-1, ids[:, 1:, None]).squeeze(-1)\n"
-              "    def advantages(self, model, ids, rows, scores):\n"
-              "        m = pad([torch.ones_like(r) for r in rows], padding_value=0)\n"
-              "        with torch.no_grad():\n"
-              "            lp = self.token_logps(model, ids)\n"
-              "            with use_adapter(model, adapter_name=\"ref\"):\n"
-              "                rl = self.token_logps(model, ids)\n"
-              "        k = ((lp - rl) * m).sum(-1)\n"
-              "        r = scores - self.beta * k\n"
-              "        g = r.view(-1, self.num_generations)\n"
-              "        return (g - g.mean(dim=1, keepdim=True)).view(-1)\n",
+        Valid(_GROUPED_REWARD.format(sign="-"),
               why="the same KL subtracted from the grouped reward", capability="C2", style="class"),
         Valid("def update(pg_loss, logp, ref_logp, response_mask, opt, kl_coef):\n"
               "    pen = ((logp - ref_logp).square() * response_mask).sum() / response_mask.sum()\n"
@@ -225,21 +231,7 @@ class KlSign(Rule):
               "the same estimate added as a penalty", capability="C2", style="functional"),
     ]
     INVALID = [
-        Invalid("from trl.trainer.utils import pad, use_adapter\n"
-                "class Scorer:\n"
-                "    def token_logps(self, model, ids):\n"
-                "        z = model(ids).logits[:, :-1]\n"
-                "        return torch.log_softmax(z, -1).gather(-1, ids[:, 1:, None]).squeeze(-1)\n"
-                "    def advantages(self, model, ids, rows, scores):\n"
-                "        m = pad([torch.ones_like(r) for r in rows], padding_value=0)\n"
-                "        with torch.no_grad():\n"
-                "            lp = self.token_logps(model, ids)\n"
-                "            with use_adapter(model, adapter_name=\"ref\"):\n"
-                "                rl = self.token_logps(model, ids)\n"
-                "        k = ((lp - rl) * m).sum(-1)\n"
-                "        r = scores + self.beta * k\n"
-                "        g = r.view(-1, self.num_generations)\n"
-                "        return (g - g.mean(dim=1, keepdim=True)).view(-1)\n", line=13,
+        Invalid(_GROUPED_REWARD.format(sign="+"), line=13,
                 why="a value viewed as groups of samples is a reward (GRPO/RLOO), whatever it is called; the reference is the policy with its reference adapter on, and the mask is ones padded with zeros", capability="C2", style="class"),
         Invalid("loss = pg_loss - kl_coef * kl\n", line=1, fixed="loss = pg_loss + kl_coef * kl\n", preview=True),
         Invalid("loss = pg_loss\nloss -= self.beta * kl.mean()\n", line=2,
