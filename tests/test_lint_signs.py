@@ -311,3 +311,17 @@ def test_loop_carried_augmented_sums_are_collected_once():
     terms = sink.terms(signs(a))
     assert len({(t.sign, a.code(t.expr)) for t in terms}) == 4
     assert len(terms) <= 16  # a few paths per term, not one per path through 16 levels of the loop
+
+
+@pytest.mark.parametrize("padding, expected", [("", True), (", padding_value=0", True), (", padding_value=1", True),
+                                               (", padding_value=tok.pad_token_id", False),
+                                               (", padding_value=-100", False)])
+def test_rows_of_ones_padded_are_zero_one_only_with_a_zero_one_padding(padding, expected):
+    import libcst as cst
+
+    from rlguard.lint.analysis import Analysis
+    from rlguard.lint.analysis.signs import zero_one
+
+    module = cst.parse_module(f"m = pad([torch.ones_like(r) for r in rows]{padding})\n")
+    value = module.body[0].body[0].value
+    assert zero_one(Analysis(module), value) is expected

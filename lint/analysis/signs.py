@@ -457,10 +457,11 @@ def zero_one(a: "Analysis", expr: cst.BaseExpression, depth: int = 3) -> bool:
         if name in _ONES or a.method(expr) in ("new_ones",):
             return True  # all ones: a mask that keeps everything
         last = name.rsplit(".", 1)[-1]
+        padding = S.argument(expr, None, "padding_value")
         if (name in ("torch.tensor", "torch.as_tensor", "torch.stack", "torch.cat") or last in (
-                "pad", "pad_sequence")) and expr.args and S.number_value(
-                S.argument(expr, None, "padding_value") or cst.Integer("0")) in (0, 1, None):
-            # rows of 0/1 values put together (padded with 0 or 1): 0/1 values
+                "pad", "pad_sequence")) and expr.args and (padding is None or S.number_value(padding) in (0, 1)):
+            # rows of 0/1 values put together (padded with 0 or 1, the default 0): 0/1 values; padded with a pad
+            # id or another value that is not known, they are not
             return zero_one(a, expr.args[0].value, depth)
     if isinstance(expr, (cst.ListComp, cst.GeneratorExp)):
         return zero_one(a, expr.elt, depth)
