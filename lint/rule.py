@@ -153,7 +153,7 @@ class Rule:
         for search, on_lowered in cls._parts:
             if on_lowered and lowered is None:
                 lowered = source.lower()
-            if not search.search(lowered if on_lowered else source):
+            if not (search.search(lowered) if on_lowered else search.search(source, lowered)):
                 return False
         return True
 

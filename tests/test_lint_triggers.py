@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rlguard.lint import all_rules
-from rlguard.lint.triggers import Search, top_level_branches
+from rlguard.lint.triggers import Search, required_literal, top_level_branches
 
 RULES = all_rules()
 
@@ -66,6 +66,35 @@ def test_search_matches_re_search(pattern, texts):
     search = Search(pattern)
     for text in texts:
         assert search.search(text) == (re.search(pattern, text) is not None), (pattern, text)
+        assert search.search(text, text.lower()) == (re.search(pattern, text) is not None), (pattern, text)
+
+
+@pytest.mark.parametrize("pattern, texts", [
+    # a literal after lookbehinds, one inside a case-sensitive group of a case-insensitive pattern, one in a
+    # repeated group, one beside an optional group: the prefilter must never reject a text the regex matches
+    (r"(?<!cross)(?<!cross_)entrop", ["entropy", "cross_entropy", "ENTROPY", "x entrop", "entro"]),
+    (r"(?i)log_?p|(?-i:\breturns\b(?! None))", ["LOG_P", "logp", "returns x", "RETURNS x", "returns None",
+                                                 "Return", "ſ returns"]),
+    (r"(?i)(?:ab)+cd|adv(?:s\b|_)", ["ABABCD", "abcd", "ADV_", "advs", "adv", "Adv_x", "ſadv_"]),
+    (r"(?i)ſtep|kelvin", ["step", "STEP", "\u212aelvin", "KELVIN"]),  # Unicode case folding
+    (r"ma?sk\[|==\s*None", ["msk[", "mask[", "x == None", "==None", "= None"]),
+])
+def test_required_literal_prefilter_never_rejects_a_match(pattern, texts):
+    search = Search(pattern)
+    for text in texts:
+        expected = re.search(pattern, text) is not None
+        assert search.search(text) == expected, (pattern, text)
+        assert search.search(text, text.lower()) == expected, (pattern, text)
+
+
+def test_required_literal_finds_the_run_every_match_contains():
+    assert required_literal(r"(?<!cross)entrop") == ("entrop", False)
+    assert required_literal(r"(?i)value_targets") == ("value_targets", True)
+    assert required_literal(r"(?-i:\breturns\b)", re.IGNORECASE) == ("returns", False)
+    assert required_literal(r"(?:clamp|clip)\(") == ("cl", False)  # the prefix both branches share
+    assert required_literal(r"(?:mean|std)\(") is None  # no branch is required, one "(" is too short
+    assert required_literal(r"x(?:abc)?y") is None  # an optional group
+    assert required_literal(r"(?:abcd){2}z") == ("abcd", False)
 
 
 def test_top_level_branches_respect_groups_classes_and_escapes():

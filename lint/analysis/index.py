@@ -203,6 +203,17 @@ def _is_node_type(kind: type) -> bool:
     return hit
 
 
+_PLANS: dict[type, tuple[tuple[str, ...], bool, bool, bool]] = {}
+
+
+def _plan(kind: type) -> tuple[tuple[str, ...], bool, bool, bool]:
+    """What the walker does at a node of ``kind``: its child fields (last first), whether it binds or opens
+    something, whether its end is needed, whether it holds a suite of statements (one lookup per node)."""
+    plan = _PLANS[kind] = (tuple(reversed(child_fields(kind))), kind in _HANDLED, kind in _LEAVES,
+                           kind in _SUITE_SET)
+    return plan
+
+
 def children(node: cst.CSTNode) -> list[cst.CSTNode]:
     """The child nodes the analysis reads, in source order (a type lookup per field: isinstance against libcst's
     abstract node classes costs more than the walk itself)."""
@@ -419,46 +430,66 @@ class _Walker:
                                                           index.scope_at)
         leave = object()
         node_types = _NODE_TYPE
+        plans = _PLANS
+        scope_stack = self.scope_stack
+        current_scope = None  # the innermost scope node open at this point of the walk
+        counter = self.counter
         todo: list = [(index.module, None)]
+        pop, push = todo.pop, todo.append
         while todo:
-            item = todo.pop()
+            item = pop()
             if item is leave:
-                self.on_leave(todo.pop())
+                self.counter = counter
+                self.on_leave(pop())
+                counter = self.counter
+                current_scope = scope_stack[-1].node if scope_stack else None
                 continue
             node, parent = item
             kind = type(node)
+            nid = id(node)
             if parent is not None:
-                parent_of[id(node)] = parent
-            order[id(node)] = self.counter
-            self.counter += 1
+                parent_of[nid] = parent
+            order[nid] = counter
+            counter += 1
             bucket = by_type.get(kind)
             if bucket is None:
                 bucket = by_type[kind] = []
             bucket.append(node)
-            scope_at[id(node)] = self.scope_stack[-1].node if self.scope_stack else node
-            if kind in _HANDLED:
+            scope_at[nid] = node if current_scope is None else current_scope
+            plan = plans.get(kind)
+            if plan is None:
+                plan = _plan(kind)
+            fields, handled, leaves, suite = plan
+            if handled:
+                self.counter = counter
                 self.on_visit(node, parent)
-            if kind in _LEAVES:  # scopes and compound statements need their end
-                todo.append(node)
-                todo.append(leave)
-            if kind in _SUITE_SET:
+                counter = self.counter
+                if scope_stack:
+                    current_scope = scope_stack[-1].node
+            if leaves:  # scopes and compound statements need their end
+                push(node)
+                push(leave)
+            if suite:
                 for pos, stmt in enumerate(node.body):
                     position[id(stmt)] = (node, pos)
-            kids = []
-            for name in child_fields(kind):
+            # children pushed last field first, each sequence backwards: popped in source order
+            for name in fields:
                 value = getattr(node, name)
                 vkind = type(value)
                 if vkind is list or vkind is tuple:
-                    for v in value:
+                    for v in reversed(value):
                         is_node = node_types.get(type(v))
                         if is_node is None:
                             is_node = _is_node_type(type(v))
                         if is_node:
-                            kids.append(v)
-                elif node_types.get(vkind) or (vkind not in node_types and _is_node_type(vkind)):
-                    kids.append(value)
-            for kid in reversed(kids):
-                todo.append((kid, node))
+                            push((v, node))
+                else:
+                    is_node = node_types.get(vkind)
+                    if is_node is None:
+                        is_node = _is_node_type(vkind)
+                    if is_node:
+                        push((value, node))
+        self.counter = counter
 
     # ----- enter / leave ------------------------------------------------------------------------------------
     def on_visit(self, node: cst.CSTNode, parent: cst.CSTNode | None) -> None:

@@ -49,6 +49,7 @@ class Quantities:
         self.prov = provenance(a)
         self.signs = signs(a)
         self._memo: dict[tuple, int | None] = {}
+        self._logp_answers: dict[tuple, bool] = {}
         self.truncated = False
 
     # ----- names --------------------------------------------------------------------------------------------
@@ -458,6 +459,22 @@ class Quantities:
                                   and self._constant_tensor(d.value, frame, depth - 1) for d in defs)
 
     def _is_reference_logp(self, expr, frame, depth: int = 2) -> bool:
+        return self._logp_memo("reference", expr, frame, depth, self._reference_logp)
+
+    def _is_policy_logp(self, expr, frame) -> bool:
+        return self._logp_memo("policy", expr, frame, 0, lambda e, f, _: self._policy_logp(e, f))
+
+    def _logp_memo(self, side: str, expr, frame, depth: int, compute) -> bool:
+        """Whose log-probs a value is, asked of every piece of every KL and entropy candidate by the stop
+        predicates: answered once per value and frame (a value met again while it is being answered is not)."""
+        key = (side, id(expr), id(frame), depth)
+        hit = self._logp_answers.get(key)
+        if hit is None:
+            self._logp_answers[key] = False
+            hit = self._logp_answers[key] = compute(expr, frame, depth)
+        return hit
+
+    def _reference_logp(self, expr, frame, depth: int) -> bool:
         role = self._argument_role(expr, frame)
         if role is not None:
             return role == "reference"
@@ -474,7 +491,7 @@ class Quantities:
         return bool(forwards) and all(o.model is not None and o.model.role == "reference" and
                                       o.what in ("logprobs", "output") for o in forwards)
 
-    def _is_policy_logp(self, expr, frame) -> bool:
+    def _policy_logp(self, expr, frame) -> bool:
         role = self._argument_role(expr, frame)
         if role is not None:
             return role == "policy"
