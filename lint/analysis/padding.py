@@ -354,9 +354,11 @@ class MaskCandidate:
     kind: str
 
 
-def attention_masks(a: "Analysis", ids: cst.BaseExpression) -> list[MaskCandidate]:
+def attention_masks(a: "Analysis", ids: cst.BaseExpression, named: bool = True) -> list[MaskCandidate]:
     """The attention masks built in ``ids``' function, before it, for the tensor ``ids`` (see the module's
-    docstring). A mask of all ones (``torch.ones_like(ids)``) says there is no padding and is left out."""
+    docstring). A mask of all ones (``torch.ones_like(ids)``) says there is no padding and is left out.
+    ``named``: also a local known as an attention mask only by its name (the costly case: whether it is built from
+    the ids' data is traced)."""
     func = a.index.function_scope(ids).node
     order = a.index.order[id(ids)]
     found = []
@@ -370,7 +372,7 @@ def attention_masks(a: "Analysis", ids: cst.BaseExpression) -> list[MaskCandidat
             continue
         if a.index.order[id(d.stmt)] > order:
             continue
-        kind = _mask_kind(a, d.key, d.value, ids)
+        kind = _mask_kind(a, d.key, d.value, ids, named)
         if kind is not None:
             found.append(MaskCandidate(d, kind))
     return found
@@ -422,7 +424,8 @@ def _from_parameter(a: "Analysis", ids: cst.BaseExpression, mask_param: Def) -> 
     return len(defs) == 1 and defs[0].kind == "param" and defs[0] is not mask_param
 
 
-def _mask_kind(a: "Analysis", key: str, value: cst.BaseExpression, ids: cst.BaseExpression) -> str | None:
+def _mask_kind(a: "Analysis", key: str, value: cst.BaseExpression, ids: cst.BaseExpression,
+               named: bool = True) -> str | None:
     core = strip_casts(a, value)
     if isinstance(core, cst.Call) and (a.call_name(core) in _ALL_ONES or a.method(core) in ("new_ones", "fill_")):
         return None
@@ -434,9 +437,10 @@ def _mask_kind(a: "Analysis", key: str, value: cst.BaseExpression, ids: cst.Base
         source = _entry(a, resolve(a, ids))
         return "batch" if source is not None and source[1] == "input_ids" and same_value(a, entry[0], source[0]) \
             else None
-    if _block_mask(a, core) or ATTENTION_MASK_NAME.fullmatch(key):
-        return "block" if _block_mask(a, core) and share_data(a, value, ids) else (
-            "named" if share_data(a, value, ids) else None)
+    if _block_mask(a, core):
+        return "block" if share_data(a, value, ids) else None
+    if named and ATTENTION_MASK_NAME.fullmatch(key):
+        return "named" if share_data(a, value, ids) else None
     return None
 
 

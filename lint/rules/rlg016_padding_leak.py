@@ -282,7 +282,11 @@ class PaddingLeak(Rule):
             ids = forward_candidate_ids(ctx, call)
             if ids is None or _takes_layout(ctx, call):
                 continue
-            masks = attention_masks(ctx, ids)
+            callee = ctx.callee(call)
+            if callee is not None and callee.name.value not in ("forward", "__call__"):
+                continue  # a helper of this module, not a forward (model_forward_ids' cheap test, first)
+            # a local known as an attention mask by its name alone is a preview part: not even traced otherwise
+            masks = attention_masks(ctx, ids, named=ctx.preview)
             if not masks and not hands_attention_masks(ctx, ctx.enclosing_function(call)):
                 continue  # no mask in view for these ids: nothing to say, whatever the call is
             ids = model_forward_ids(ctx, call, of_forward=True)
@@ -301,7 +305,9 @@ class PaddingLeak(Rule):
                 if any(u.node is call or ctx.contains(call, u.node) for u in uses):
                     continue
                 if all(_attention_use(u) for u in uses):
-                    yield Violation(call, _message(ctx, call, ids, mask, uses))
+                    violation = Violation(call, _message(ctx, call, ids, mask, uses))
+                    violation.preview = mask.kind == "named"
+                    yield violation
                     break
 
 
