@@ -89,15 +89,16 @@ class PaddingLeak(Rule):
     """
 
     code = PADDING_LEAK
-    # preview: no FALSE finding on the 49 ecosystem repositories (none at all in validation and holdout), and
-    # renaming changes none of its findings, but in the default set its cost puts the lint-speed goal out of reach
-    # (docs/benchmarks.md, Lint speed); see docs/lint.md, "Stable and preview"
-    preview = True
+    # stable: no FALSE finding on the 49 ecosystem repositories (none at all in validation and holdout), and
+    # renaming changes none of its findings; a mask known by its name alone stays preview (PREVIEW_PARTS)
     PREVIEW_PARTS = ("a mask known only by the name of a local (`attention_mask = ...` computed from the packed ids' data): a finding that rests on it vanishes when the local is renamed, and is reported with `--preview` only",)
     # every mask it reads is named by an interface (`attention_mask=`, a batch key, a parameter) or compared with a
     # pad id, or is a block mask; a file with none of these words has none of them
-    triggers = (r"(?i)(attention|attn)_?masks?|pad(_token)?(_ids?|_idx|_index|_value|_val|_tok)?\b|"
-                r"padding_(ids?|idx|index|value|val|tok)\b|none\s*\]\s*==")
+    # an attention mask's name (a keyword, key or parameter), a block mask (`seg[:, None] == seg[None, :]`), or a pad
+    # comparison: the pad-named operand beside `!=`, `ne(` or `not_equal(` (within one expression's reach, across
+    # wrapped lines); a pad word alone (`tok.pad_token = tok.eos_token`, a config's help text) compares nothing
+    triggers = (r"(?i)(attention|attn)_?masks?|none\s*\]\s*==|pad\w*[\s)\]]*!=|"
+                r"(?:!=|ne\(|not_equal\()[\w\s.,()\[\]:+*-]{0,200}?pad")
 
     VALID = [
         Valid("def score(model, batch):\n"
@@ -274,6 +275,11 @@ class PaddingLeak(Rule):
                 "    keep = seqs.ne(tok.pad_token_id)\n"
                 "    return ref(seqs).logits\n", line=4,
                 why="ids that another call returned, compared with the pad id: token ids by that use",
+                capability="C1", style="functional"),
+        Invalid("def score(model, ids, lengths):\n"
+                "    attention_mask = ids.new_ones(ids.shape).cumsum(-1) <= lengths[:, None]\n"
+                "    return model(ids).logits\n", line=3, preview=True,
+                why="a local known as the attention mask by its name alone, built from the ids' data: preview",
                 capability="C1", style="functional"),
     ]
 
