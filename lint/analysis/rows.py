@@ -449,17 +449,19 @@ def out_of_step(a: "Analysis") -> list[OutOfStep]:
     def build(an):
         trace = row_trace(an)
         found = []
-        selecting: dict[int, bool] = {}
+        selecting: dict[int, int | None] = {}
         found.extend(_assembled(an, trace))
         found.extend(_unapplied(an))
+        order = an.index.order
         for node in an.nodes(cst.Call, cst.BinaryOperation, cst.Dict):
             if isinstance(node, cst.Call) and (an.call_name(node) or "") in ("zip", "torch.cat", "torch.stack"):
                 continue
             scope = an.index.function_scope(node).node
             if id(scope) not in selecting:
-                selecting[id(scope)] = _selects_rows(an, scope)
-            if not selecting[id(scope)]:
-                continue  # no filter or permutation built here: nothing can be out of step
+                selecting[id(scope)] = _rows_selected_from(an, scope)
+            start = selecting[id(scope)]
+            if start is None or order[id(node)] < start:
+                continue  # no filter or permutation built here, or not yet: nothing can be out of step
             operands = _operands(node)
             if len(operands) < 2:
                 continue
@@ -594,20 +596,35 @@ def _indexed_by(a: "Analysis", name: cst.Name, index_text: str) -> bool:
 _SELECTING = frozenset({"argsort", "sort", "topk", "nonzero", "randperm", "permutation", "where"})
 
 
-def _selects_rows(a: "Analysis", scope: cst.CSTNode) -> bool:
-    """Whether the function (or module) builds a filter or permutation: a call that makes one, or a subscript by a
-    boolean keep mask."""
+def _rows_selected_from(a: "Analysis", scope: cst.CSTNode) -> int | None:
+    """The walk order from which rows of the function (or module) may be out of step, or None when it builds no
+    filter or permutation (a call that makes one, or a subscript by a boolean keep mask): its first such construct, or the start of the outermost loop
+    around it (a later iteration reads what an earlier one selected). Before that, no value carries a selection."""
     calls = a.index.descendants(scope, cst.Call) if not isinstance(scope, cst.Module) else a.nodes(cst.Call)
+    first = None
     for call in calls:
         if S.called_name(call) in _SELECTING:
-            return True
+            first = call
+            break
     subs = a.index.descendants(scope, cst.Subscript) if not isinstance(scope, cst.Module) else a.nodes(cst.Subscript)
+    order = a.index.order
     for sub in subs:
-        first = sub.slice[0].slice if sub.slice else None
-        if isinstance(first, cst.Index) and not isinstance(first.value, (cst.SimpleString, cst.Integer)) and \
-                _filter_text(a, first.value) is not None:
-            return True
-    return False
+        if first is not None and order[id(sub)] > order[id(first)]:
+            break
+        index = sub.slice[0].slice if sub.slice else None
+        if isinstance(index, cst.Index) and not isinstance(index.value, (cst.SimpleString, cst.Integer)) and \
+                _filter_text(a, index.value) is not None:
+            first = sub
+            break
+    if first is None:
+        return None
+    start = order[id(first)]
+    for anc in a.index.ancestors(first):
+        if anc is scope:
+            break
+        if isinstance(anc, (cst.For, cst.While, cst.ListComp, cst.SetComp, cst.DictComp, cst.GeneratorExp)):
+            start = order[id(anc)]
+    return start
 
 
 def _judge(a: "Analysis", node: cst.CSTNode, members: list, sources: dict) -> OutOfStep | None:
