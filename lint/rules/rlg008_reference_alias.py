@@ -10,7 +10,7 @@ import libcst as cst
 from rlguard.catalog import REFERENCE_ALIAS
 from rlguard.lint.analysis import Analysis
 from rlguard.lint.analysis import semantics as S
-from rlguard.lint.analysis.index import children
+from rlguard.lint.analysis.index import children, key_of
 from rlguard.lint.analysis.provenance import Tup, models, objects
 from rlguard.lint.analysis.roles import interface_names
 from rlguard.lint.analysis.reference import constant_routings, policy_reference_outputs, unused_selections
@@ -237,6 +237,15 @@ class ReferenceAlias(Rule):
               "    train(0, v1)\n",
               "a factory called twice builds two models: the one handed on as the reference is not the one the "
               "optimizer trains", capability="C1", style="script"),
+        Valid("def main(path, lr):\n"
+              "    model = AutoModelForCausalLM.from_pretrained(path)\n"
+              "    base = model\n"
+              "    r = AutoModelForCausalLM.from_pretrained(path)\n"
+              "    opt = torch.optim.AdamW(model.parameters(), lr=lr)\n"
+              "    base, opt, r = accelerator.prepare(base, opt, r)\n"
+              "    GRPOTrainer(model=base, ref_model=r, optimizer=opt).train()\n",
+              why="the alias comes back from prepare in the policy's place; the reference is a model of its own",
+              capability="C2", style="script"),
     ]
     INVALID = [
         Invalid("from transformers import AutoModelForCausalLM, Trainer\n"
@@ -357,6 +366,14 @@ class ReferenceAlias(Rule):
                 "        chosen.to(ids.device)\n"
                 "        return self.actor.forward(ids).logits\n", line=7,
                 why="a chosen model moved but the actor runs", capability="C11", style="class"),
+        Invalid("def main(path, lr):\n"
+                "    model = AutoModelForCausalLM.from_pretrained(path)\n"
+                "    r = model\n"
+                "    opt = torch.optim.AdamW(model.parameters(), lr=lr)\n"
+                "    model, opt, r = accelerator.prepare(model, opt, r)\n"
+                "    GRPOTrainer(model=model, ref_model=r, optimizer=opt).train()\n", line=3,
+                why="the alias goes through accelerator.prepare, which hands each object back in its place, and on "
+                    "as ref_model=", capability="C2", style="script"),
     ]
 
     def check(self, ctx: Analysis) -> Iterator[Violation]:
@@ -473,10 +490,39 @@ def _element(value: cst.BaseExpression, position: int) -> cst.BaseExpression | N
     return None
 
 
-def _reference_by_interface(ctx: Analysis, d) -> bool:
+def _reference_by_interface(ctx: Analysis, d, depth: int = 2) -> bool:
     """Whether the model bound by ``d`` is handed on as the reference (``Trainer(ref_model=r)``, a parameter or
-    string key named for it): its role by the interface it meets, which renaming the variable does not change."""
-    return bool(interface_names(ctx, d, lambda name: ctx.names.is_role(name, "ref_model")))
+    string key named for it): its role by the interface it meets, which renaming the variable does not change. The
+    object keeps its interface through a call that hands its arguments back in order (``model, r =
+    accelerator.prepare(model, r)``: the new binding is the same object)."""
+    if interface_names(ctx, d, lambda name: ctx.names.is_role(name, "ref_model")):
+        return True
+    return depth > 0 and any(_reference_by_interface(ctx, later, depth - 1) for later in _handed_back(ctx, d))
+
+
+def _handed_back(ctx: Analysis, d) -> list:
+    """The bindings of an element of a call's result that is the object ``d`` bound, handed back in place: the
+    objects analysis reads the call as a tuple of its arguments' objects (``accelerator.prepare(a, b)``), and
+    argument ``i``, a read ``d`` reaches, comes back as element ``i``."""
+    def build(an):
+        by_key: dict[str, list] = {}
+        for stmt in an.nodes(cst.Assign):
+            value = stmt.value
+            if not isinstance(value, cst.Call) or len(value.args) < 2:
+                continue
+            for later in an.index.stmt_defs.get(id(stmt), ()):
+                if later.kind == "assign" and later.element is not None and later.value is value and \
+                        later.element < len(value.args):
+                    arg = value.args[later.element]
+                    key = key_of(arg.value) if not arg.star and arg.keyword is None else None
+                    if key is not None:
+                        by_key.setdefault(key, []).append((arg.value, later))
+        return by_key
+    found = []
+    for read, later in ctx.facet("rlg008_handed_back", build).get(d.key, ()):
+        if any(r is d for r in ctx.flow.reaching(d.key, read)) and isinstance(objects(ctx).value(later.value), Tup):
+            found.append(later)
+    return found
 
 
 def _aliasing(ctx: Analysis, model_of, value, found):

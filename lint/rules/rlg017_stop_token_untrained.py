@@ -168,6 +168,12 @@ class StopTokenUntrained(Rule):
               "    out = model(ids, attention_mask=attention_mask)\n"
               "    return out.logits, masked_mean(values, attention_mask)\n",
               "an attention mask that also weighs a statistic, not a loss", capability="C2", style="functional"),
+        Valid("def score(tok, model, ids, idx):\n"
+              "    tok.pad_token = tok.eos_token\n"
+              "    keep = ids != tok.pad_token_id\n"
+              "    return model(ids[idx], attention_mask=keep[idx]).logits\n",
+              why="rows of the pad mask handed on as an attention mask: no loss mask", capability="C1",
+              style="functional"),
     ]
     INVALID = [
         Invalid("PAD_ID = EOS_ID\n"
@@ -247,6 +253,14 @@ class StopTokenUntrained(Rule):
                 "    return policy_loss(logp, adv, mask=keep)\n", line=4,
                 why="a config that copies the pad id sets no other pad; the mask goes on through a tuple "
                     "assignment to a loss's mask keyword", capability="C3", style="functional"),
+        Invalid("def step(tok, ids, logp, adv, idx):\n"
+                "    tok.pad_token = tok.eos_token\n"
+                "    keep = ids != tok.pad_token_id\n"
+                "    part = keep[idx]\n"
+                "    loss = ((-logp * adv)[idx] * part).sum() / part.sum()\n"
+                "    loss.backward()\n", line=3,
+                why="rows of the mask (a minibatch) keep its zeros, and they divide their own sum", capability="C1",
+                style="functional"),
     ]
 
     def check(self, ctx: Analysis) -> Iterator[Violation]:
@@ -316,6 +330,8 @@ def _judge(ctx: Analysis, node: cst.CSTNode) -> bool:
 
 def _use(ctx: Analysis, use: Use) -> str | None:
     kind, detail = use.kind, use.detail
+    if kind == "indexed":
+        return "through"  # `mask[rows]`, `mask[:, 1:]`: rows or positions of the mask keep its zeros
     if kind == "operand":
         if detail in ("BitOr", "Add", "Or", "BitOrAssign", "AddAssign"):
             return "adds-back"
