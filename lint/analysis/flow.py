@@ -34,6 +34,16 @@ MUTATING_METHODS = frozenset({"update", "setdefault", "clear", "pop", "popitem",
 _ENDS_FLOW = (cst.Return, cst.Raise, cst.Break, cst.Continue)
 
 
+
+# suites up to this many statements are walked statement by statement (a plan costs more than it saves there)
+_PLANNED_SUITE = 8
+
+
+def _descending_below(a: list[int], b, upto: int) -> list[int]:
+    """The positions of two ascending lists that lie below ``upto``, merged, highest first."""
+    return sorted({j for j in a if j < upto} | {j for j in b if j < upto}, reverse=True)
+
+
 class Flow:
     """Reaching definitions over one module's index (memoised)."""
 
@@ -46,6 +56,7 @@ class Flow:
         self._owners: dict[int, cst.CSTNode | None] = {}
         self._bound: dict[int, object] = {}
         self._bases: dict[int, frozenset[str]] = {}
+        self._plans: dict[int, tuple[list[int], dict[str, list[int]]]] = {}
 
     # ----- the query --------------------------------------------------------------------------------------
     def reaching(self, key: str, at: cst.CSTNode) -> list[Def]:
@@ -125,6 +136,18 @@ class Flow:
         # a plain name (or self./cls. attribute) can only be bound by a statement that binds its base; a deeper
         # key path may also change when its container escapes into a call, so those statements are all asked
         plain = base == key or base in ("self", "cls")
+        if plain and upto > _PLANNED_SUITE:
+            # only the statements that bind the base or end the flow can matter: visit those alone
+            stops, binders = self._suite_plan(suite)
+            for j in _descending_below(stops, binders.get(base, ()), upto):
+                stmt = body[j]
+                if not through[id(stmt)]:
+                    return found, True
+                defs, definite = self._statement(stmt, key)
+                found += defs
+                if definite:
+                    return found, True
+            return found, False
         bases = self._bases
         for j in range(upto - 1, -1, -1):
             stmt = body[j]
@@ -144,6 +167,22 @@ class Flow:
             if definite:
                 return found, True
         return found, False
+
+    def _suite_plan(self, suite: cst.CSTNode) -> tuple[list[int], dict[str, list[int]]]:
+        """Per suite, once: the positions of its statements that do not fall through, and for each key base the
+        positions of the statements that bind it (everything inside them included)."""
+        plan = self._plans.get(id(suite))
+        if plan is None:
+            stops: list[int] = []
+            binders: dict[str, list[int]] = {}
+            for j, stmt in enumerate(suite.body):
+                if not self.falls_through(stmt):
+                    stops.append(j)
+                bound = self._bases.get(id(stmt))
+                for b in (bound if bound is not None else self._bases_of(stmt)):
+                    binders.setdefault(b, []).append(j)
+            plan = self._plans[id(suite)] = (stops, binders)
+        return plan
 
     def _bases_of(self, stmt: cst.CSTNode) -> frozenset[str]:
         """Key bases that ``stmt`` (with everything inside it) binds."""
