@@ -59,6 +59,45 @@ def view_dims(call: cst.Call) -> list[cst.BaseExpression]:
     return args
 
 
+def split_group_size(ctx, call: cst.Call) -> cst.BaseExpression | None:
+    """``k`` of ``x.view(n // k, k)`` (also ``reshape``), where ``n`` is ``x``'s own row count (``x.shape[0]``,
+    ``x.size(0)``, ``len(x)``), directly or through a name bound once: the rows cut into consecutive runs of ``k``,
+    one run per row of the view, whatever ``k`` is called. None otherwise."""
+    if ctx.method(call) not in VIEW_METHODS:
+        return None
+    recv = S.receiver(call)
+    dims = view_dims(call)
+    if recv is None or len(dims) != 2:
+        return None
+    first, second = dims
+    for _ in range(3):
+        key = key_of(first) if isinstance(first, (cst.Name, cst.Attribute)) else None
+        if key is None:
+            break
+        defs = ctx.flow.reaching(key, first)
+        if len(defs) != 1 or defs[0].kind != "assign" or defs[0].element is not None or defs[0].value is None:
+            return None
+        first = defs[0].value
+    if not (isinstance(first, cst.BinaryOperation) and isinstance(first.operator, cst.FloorDivide)):
+        return None
+    if _text(ctx, first.right) != _text(ctx, second) or not _row_count_of(ctx, first.left, recv):
+        return None
+    return second
+
+
+def _row_count_of(ctx, expr, tensor) -> bool:
+    """``tensor.shape[0]``, ``tensor.size(0)``, ``len(tensor)`` (the tensor written the same way)."""
+    if isinstance(expr, cst.Subscript) and isinstance(expr.value, cst.Attribute) and expr.value.attr.value == "shape" \
+            and len(expr.slice) == 1 and S.int_value(getattr(expr.slice[0].slice, "value", None)) == 0:
+        return _text(ctx, expr.value.value) == _text(ctx, tensor)
+    if isinstance(expr, cst.Call) and ctx.method(expr) == "size" and len(expr.args) == 1 and \
+            S.int_value(expr.args[0].value) == 0:
+        return _text(ctx, S.receiver(expr)) == _text(ctx, tensor)
+    if isinstance(expr, cst.Call) and S.called_name(expr) == "len" and len(expr.args) == 1:
+        return _text(ctx, expr.args[0].value) == _text(ctx, tensor)
+    return False
+
+
 def grouped_later(ctx, d: Def) -> bool:
     """Whether the value binding ``d`` gives its name is read, where that binding reaches, as the receiver of a
     view into groups (``rewards.view(-1, G)``, ``reshape(B, G)``, with a group size among the dims): a per-sample
@@ -86,7 +125,7 @@ def _group_views(ctx, scope) -> dict[str, list[cst.Name]]:
         if not isinstance(recv, cst.Name):
             continue
         args = view_dims(call)
-        if len(args) >= 2 and any(is_group_size(ctx, a) for a in args):
+        if len(args) >= 2 and (any(is_group_size(ctx, a) for a in args) or split_group_size(ctx, call) is not None):
             found.setdefault(recv.value, []).append(recv)
     cache[id(scope)] = found
     return found

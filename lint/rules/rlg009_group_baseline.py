@@ -14,7 +14,7 @@ from rlguard.lint.analysis import semantics as S
 from rlguard.lint.analysis.grad import call_sites
 from rlguard.lint.analysis.groups import (GROUP_NAME, GROUP_STRUCTURE, INTERLEAVED, VIEW_METHODS, batch_axis_source,
                                           double_strided, is_group_size, layout_in_scope, one_group_size,
-                                          view_dims)
+                                          split_group_size, view_dims)
 from rlguard.lint.analysis.index import key_of, children
 from rlguard.lint.analysis.labels import branch_label, disables_scaling, population
 from rlguard.lint.rule import Invalid, Rule, Valid, Violation
@@ -93,7 +93,9 @@ class GroupBaseline(Rule):
                 r"(?i)group_?size|generations|samples_per|num_samples|n_samples|rollouts?_per|responses_per|"
                 r"completions_per|return_sequences|rloo_k|repeat_times|rollout_n|n_rollouts|num_rollouts|"
                 r"repeat_interleave|\bg\b|groups?_?(?:num|count|len)|n(?:um)?_groups|mean\([^()]*\)\s*/"
-                r"|['\"](?:per_)?(?:group|prompt)['\"]|(?:scal|norm|std)\w*\s*==\s*['\"](?:none|off|no)['\"]")
+                r"|['\"](?:per_)?(?:group|prompt)['\"]|(?:scal|norm|std)\w*\s*==\s*['\"](?:none|off|no)['\"]"
+                # a row count floor-divided (`x.shape[0] // k`): rows cut into runs of k, whatever k is called
+                r"|(?:shape\[0\]|size\(0\)|len\([\w.]*\))\s*//")
 
     VALID = [
         Valid("def train(loader, args):\n"
@@ -264,6 +266,12 @@ class GroupBaseline(Rule):
               "            out.append(self._centre(row))\n"
               "        return torch.stack(out).flatten()\n",
               "the helper runs once per row of the grouped view", capability="C5", style="class"),
+        Valid("class Trainer:\n"
+              "    def advantages(self, rewards):\n"
+              "        n = rewards.shape[0] // self.k\n"
+              "        v = rewards.view(n, self.k)\n"
+              "        return ((v - v.mean(dim=1, keepdim=True)) / (v.std(dim=1, keepdim=True) + 1e-4)).view(-1)\n",
+              why="each run of k rows centred on its own mean", capability="C7", style="class"),
     ]
     INVALID = [
         Invalid("def train(loader, args):\n"
@@ -411,6 +419,13 @@ class GroupBaseline(Rule):
                 "    case _:\n"
                 "        a = r\n", line=3, why="a match case labelled per-prompt, batch statistic", capability="C10",
                 style="script"),
+        Invalid("class Trainer:\n"
+                "    def advantages(self, rewards):\n"
+                "        n = rewards.shape[0] // self.k\n"
+                "        v = rewards.view(n, self.k)\n"
+                "        return ((v - v.mean()) / (v.std(dim=1, keepdim=True) + 1e-4)).view(-1)\n", line=5,
+                why="rows cut into runs of k (view(n // k, k), n the rows' count): the view holds every group, "
+                    "whatever k is called", capability="C7", style="class"),
     ]
 
     def check(self, ctx: Analysis) -> Iterator[Violation]:
@@ -684,7 +699,8 @@ class _Groups:
             calls = ctx.index.descendants(scope, cst.Call) if scope is not ctx.module else ctx.nodes(cst.Call)
             for call in calls:
                 if ctx.method(call) in ("view", "reshape", "repeat_interleave", "repeat", "split", "chunk", "unflatten") \
-                        and any(self.is_group(arg.value) for arg in call.args):
+                        and (any(self.is_group(arg.value) for arg in call.args) or
+                             split_group_size(ctx, call) is not None):
                     hit = True
                     break
             if not hit and isinstance(scope, cst.FunctionDef):
@@ -775,6 +791,8 @@ class _Groups:
         first, second = args[0], args[1]
         if self.is_group(second) and not self.is_group(first) and not any(self.is_group(x) for x in args[2:]):
             return "PG", expr, second, len(args)  # [P, G, ...]: one group per row, its axis is 1
+        if not self.is_group(first) and split_group_size(self.ctx, expr) is not None:
+            return "PG", expr, second, len(args)  # x.view(n // k, k): runs of k rows, one per row of the view
         if self.is_group(first) and not any(self.is_group(x) for x in args[1:]):
             return "GP", expr, first, len(args)
         return None
