@@ -531,7 +531,7 @@ def _co_arguments(ctx: Analysis, call: cst.Call):
     argument is a mask and others carry per-token values computed in view (gathered from logits here); `_judge`
     then needs a known, non-zero offset between the traced tensors, as for a product. Helpers in view are judged
     through their own bodies instead, and library calls (``torch.*``) and tensor methods are never sites."""
-    if ctx.callee(call) is not None or len(call.args) < 2:
+    if len(call.args) < 2:
         return
     if ctx.method(call) is not None and not (isinstance(call.func, cst.Attribute) and isinstance(
             call.func.value, cst.Name) and call.func.value.value == "self"):
@@ -539,6 +539,8 @@ def _co_arguments(ctx: Analysis, call: cst.Call):
     qname = ctx.call_name(call) or ""
     if qname.split(".", 1)[0] in ("torch", "F", "np", "numpy", "math", "einops", "einx") or \
             qname in ("print", "len", "zip", "dict", "list", "tuple", "isinstance", "getattr", "setattr"):
+        return
+    if ctx.callee(call) is not None:
         return
     if not _log_probs_made_near(ctx, call):
         return  # nothing in the caller computes log-probs: no argument can be log-probs computed in view

@@ -10,6 +10,7 @@ import libcst as cst
 from rlguard.catalog import KL_SIGN
 from rlguard.lint.analysis import Analysis
 from rlguard.lint.analysis.groups import grouped_later
+from rlguard.lint.analysis.returns import enters_td_reward
 from rlguard.lint.analysis.index import key_entry, key_of
 from rlguard.lint.analysis.roles import interface_names
 from rlguard.lint.analysis.losses import flip, top_terms
@@ -229,6 +230,20 @@ class KlSign(Rule):
               "        loss = -(lp * adv[i]).mean() + beta * k\n"
               "        loss.backward(); opt.step()\n",
               "the same estimate added as a penalty", capability="C2", style="functional"),
+        Valid("def advantages(policy, ref_model, ids, values, score, beta, gamma):\n"
+              "    with torch.no_grad():\n"
+              "        lp = torch.log_softmax(policy(ids).logits, -1)\n"
+              "        rp = torch.log_softmax(ref_model(ids).logits, -1)\n"
+              "    x = -beta * (lp - rp)\n"
+              "    y = x.clone()\n"
+              "    y[:, -1] += score\n"
+              "    out = []\n"
+              "    for t in range(y.size(1)):\n"
+              "        nv = values[:, t + 1] if t < y.size(1) - 1 else 0.0\n"
+              "        out.append(y[:, t] + gamma * nv - values[:, t])\n"
+              "    return torch.stack(out, 1)\n",
+              why="the KL penalty subtracted from the value a TD error reads as its reward", capability="C3",
+              style="functional"),
     ]
     INVALID = [
         Invalid(_GROUPED_REWARD.format(sign="+"), line=13,
@@ -412,6 +427,20 @@ class KlSign(Rule):
                 "    return data\n", line=5,
                 why="the coefficient is an adaptive KL controller's value (a parameter named for the controller)",
                 capability="C6", style="framework"),
+        Invalid("def advantages(policy, ref_model, ids, values, score, beta, gamma):\n"
+                "    with torch.no_grad():\n"
+                "        lp = torch.log_softmax(policy(ids).logits, -1)\n"
+                "        rp = torch.log_softmax(ref_model(ids).logits, -1)\n"
+                "    x = beta * (lp - rp)\n"
+                "    y = x.clone()\n"
+                "    y[:, -1] += score\n"
+                "    out = []\n"
+                "    for t in range(y.size(1)):\n"
+                "        nv = values[:, t + 1] if t < y.size(1) - 1 else 0.0\n"
+                "        out.append(y[:, t] + gamma * nv - values[:, t])\n"
+                "    return torch.stack(out, 1)\n", line=6,
+                why="the KL-shaped value is copied into the tensor a TD error reads as its reward (r[:, t] + gamma * "
+                    "V[:, t + 1] - V[:, t]): a reward by that use, whatever it is called", capability="C3", style="functional"),
     ]
 
     def check(self, ctx: Analysis) -> Iterator[Violation]:
@@ -497,7 +526,8 @@ def _reward_by_interface(ctx: Analysis, d) -> bool:
     if func is not None and (ctx.names.is_role(func.name.value, "rewards") or "reward" in func.name.value.lower()) \
             and any(ret.value is not None and key_of(ret.value) == d.key for ret in ctx.index.scopes[id(func)].returns):
         return True
-    return grouped_later(ctx, d)
+    # read as the reward of a TD error (`r[:, t] + gamma * V[:, t + 1] - V[:, t]`), itself or through a copy
+    return grouped_later(ctx, d) or enters_td_reward(ctx, d)
 
 
 def _reads_key(ctx: Analysis, operand: cst.BaseExpression, key: str) -> bool:

@@ -1,0 +1,134 @@
+"""Temporal-difference structure: which values a one-step TD error reads as its reward.
+
+A TD error (the heart of GAE) is ``r_t + gamma * V_{t+1} - V_t``: the same value tensor read at step ``t + 1``
+(scaled by a discount) and at step ``t`` (subtracted), and one more term, the reward at step ``t``:
+
+    delta = rewards[:, t] + gamma * next_values - values[:, t]     # next_values = values[:, t + 1] (or 0 at the end)
+
+That shape says which tensor is the per-step reward, whatever the variables are called (a KL-shaped reward kept
+in ``non_score_reward`` and copied into the tensor the TD error reads is a reward by this use).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import libcst as cst
+
+from rlguard.lint.analysis.index import key_of
+from rlguard.lint.analysis.losses import top_terms
+
+if TYPE_CHECKING:
+    from rlguard.lint.analysis import Analysis
+
+_SUM = (cst.Add, cst.Subtract)
+_COPY_METHODS = frozenset({"clone", "detach", "float", "to", "contiguous", "double"})
+
+
+def td_reward_reads(a: "Analysis") -> dict[str, list[cst.BaseExpression]]:
+    """Per module: the reads (``rewards`` of ``rewards[:, t]``) a TD error takes as its reward, by flow key."""
+    def build(an):
+        found: dict[str, list[cst.BaseExpression]] = {}
+        for op in an.nodes(cst.BinaryOperation):
+            if not isinstance(op.operator, _SUM):
+                continue
+            parent = an.index.parent_of(op)
+            if isinstance(parent, cst.BinaryOperation) and isinstance(parent.operator, _SUM):
+                continue  # only the whole sum
+            reward = _reward_term(an, top_terms(op))
+            if reward is None:
+                continue
+            read = reward.value if isinstance(reward, cst.Subscript) else reward
+            key = key_of(read)
+            if key is not None:
+                found.setdefault(key, []).append(read)
+        return found
+    return a.facet("td_reward_reads", build)
+
+
+def _reward_term(a: "Analysis", terms) -> cst.BaseExpression | None:
+    """The reward of ``r + g * V[t + 1] - V[t]`` (any order of the terms), else None."""
+    if len(terms) != 3:
+        return None
+    subtracted = [t for s, t in terms if s < 0]
+    added = [t for s, t in terms if s > 0]
+    if len(subtracted) != 1 or len(added) != 2:
+        return None
+    now = _step_read(a, subtracted[0])
+    if now is None:
+        return None
+    base, step = now
+    for i, term in enumerate(added):
+        if not (isinstance(term, cst.BinaryOperation) and isinstance(term.operator, cst.Multiply)):
+            continue
+        for factor in (term.left, term.right):
+            if _next_of(a, factor, base, step):
+                other = added[1 - i]
+                at = _step_read(a, other)
+                return other if (at is not None and at[1] == step) or isinstance(other, cst.Name) else None
+    return None
+
+
+def _step_read(a: "Analysis", expr) -> tuple[str, str] | None:
+    """``(key of x, "t")`` for ``x[..., t]`` / ``x[t]`` with a name as the last index."""
+    if not isinstance(expr, cst.Subscript) or not expr.slice:
+        return None
+    last = expr.slice[-1].slice
+    if not isinstance(last, cst.Index) or not isinstance(last.value, cst.Name):
+        return None
+    key = key_of(expr.value)
+    return (key, last.value.value) if key is not None else None
+
+
+def _next_of(a: "Analysis", expr, base: str, step: str, depth: int = 2) -> bool:
+    """Whether ``expr`` is ``base[..., step + 1]``, directly or through a name every reaching definition of which
+    gives it (``next_v = values[:, t + 1] if t < n - 1 else 0.0``: the constant closes the last step)."""
+    if isinstance(expr, cst.Subscript) and key_of(expr.value) == base and expr.slice:
+        last = expr.slice[-1].slice
+        value = last.value if isinstance(last, cst.Index) else None
+        return isinstance(value, cst.BinaryOperation) and isinstance(value.operator, cst.Add) and \
+            isinstance(value.left, cst.Name) and value.left.value == step and \
+            isinstance(value.right, cst.Integer) and value.right.value == "1"
+    if isinstance(expr, cst.IfExp):
+        sides = [s for s in (expr.body, expr.orelse) if not isinstance(s, (cst.Integer, cst.Float))]
+        return bool(sides) and all(_next_of(a, s, base, step, depth) for s in sides)
+    if isinstance(expr, cst.Name) and depth > 0:
+        defs = a.flow.reaching(expr.value, expr)
+        return bool(defs) and all(d.kind == "assign" and d.element is None and d.value is not None and
+                                  _next_of(a, d.value, base, step, depth - 1) for d in defs)
+    return False
+
+
+def enters_td_reward(a: "Analysis", d) -> bool:
+    """Whether the value bound by ``d`` is read by a TD error as its reward, itself or through a copy made of it
+    (``rewards = non_score_reward.clone()``, then ``rewards[:, t] + gamma * ...``)."""
+    reads = td_reward_reads(a)
+    if not reads:
+        return False
+    if "." in d.key or "[" in d.key:
+        return False
+    names = a.facet("names_by_value", _names_by_value)
+    bindings = [d]
+    for read in names.get(d.key, ()):
+        value = read
+        parent = a.index.parent_of(value)
+        while isinstance(parent, cst.Attribute) and parent.value is value:
+            call = a.index.parent_of(parent)
+            if not (isinstance(call, cst.Call) and call.func is parent and parent.attr.value in _COPY_METHODS):
+                break
+            value, parent = call, a.index.parent_of(call)
+        if isinstance(parent, cst.Assign) and parent.value is value and any(r is d for r in a.flow.reaching(
+                d.key, read)):
+            bindings += [c for c in a.index.stmt_defs.get(id(parent), ()) if c.kind == "assign" and c.element is None]
+    for b in bindings:
+        for read in reads.get(b.key, ()):
+            if any(r is b for r in a.flow.reaching(b.key, read)):
+                return True
+    return False
+
+
+def _names_by_value(a: "Analysis") -> dict[str, list[cst.Name]]:
+    found: dict[str, list[cst.Name]] = {}
+    for name in a.index.nodes(cst.Name):
+        found.setdefault(name.value, []).append(name)
+    return found
