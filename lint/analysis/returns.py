@@ -61,12 +61,19 @@ def _reward_term(a: "Analysis", terms) -> cst.BaseExpression | None:
     for i, term in enumerate(added):
         if not (isinstance(term, cst.BinaryOperation) and isinstance(term.operator, cst.Multiply)):
             continue
-        for factor in (term.left, term.right):
+        for factor in _factors(term):  # `gamma * V[:, t + 1] * (1 - done[:, t])`: any factor of the product
             if _next_of(a, factor, base, step):
                 other = added[1 - i]
                 at = _step_read(a, other)
                 return other if (at is not None and at[1] == step) or isinstance(other, cst.Name) else None
     return None
+
+
+def _factors(expr) -> list[cst.BaseExpression]:
+    """The factors of a product, nested products flattened (parentheses are not nodes in libcst)."""
+    if isinstance(expr, cst.BinaryOperation) and isinstance(expr.operator, cst.Multiply):
+        return _factors(expr.left) + _factors(expr.right)
+    return [expr]
 
 
 def _step_read(a: "Analysis", expr) -> tuple[str, str] | None:

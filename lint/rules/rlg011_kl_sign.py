@@ -29,6 +29,21 @@ IMPLICIT_REWARD_NAME = re.compile(r"(?i)\w*implicit\w*|(chosen|rejected|policy|r
 
 # A GRPO/RLOO scorer: the reward is known by its grouping, the reference by its adapter, the mask by how it is built;
 # flagged with the KL added to the reward ({sign} = +), clean with it subtracted
+# a KL-shaped value copied into the tensor a TD error reads as its reward ({sign}: "-" subtracts the penalty;
+# {discount}: a factor on the discounted next value)
+_TD_REWARD = (
+    "def advantages(policy, ref_model, ids, values, done, score, beta, gamma):\n"
+    "    with torch.no_grad():\n"
+    "        lp = torch.log_softmax(policy(ids).logits, -1)\n"
+    "        rp = torch.log_softmax(ref_model(ids).logits, -1)\n"
+    "    x = {sign}beta * (lp - rp)\n"
+    "    y = x.clone()\n"
+    "    y[:, -1] += score\n"
+    "    out = []\n"
+    "    for t in range(y.size(1)):\n"
+    "        nv = values[:, t + 1] if t < y.size(1) - 1 else 0.0\n"
+    "        out.append(y[:, t] + gamma * nv{discount} - values[:, t])\n"
+    "    return torch.stack(out, 1)\n")
 _GROUPED_REWARD = (
     "from trl.trainer.utils import pad, use_adapter\n"
     "class Scorer:\n"
@@ -230,18 +245,7 @@ class KlSign(Rule):
               "        loss = -(lp * adv[i]).mean() + beta * k\n"
               "        loss.backward(); opt.step()\n",
               "the same estimate added as a penalty", capability="C2", style="functional"),
-        Valid("def advantages(policy, ref_model, ids, values, score, beta, gamma):\n"
-              "    with torch.no_grad():\n"
-              "        lp = torch.log_softmax(policy(ids).logits, -1)\n"
-              "        rp = torch.log_softmax(ref_model(ids).logits, -1)\n"
-              "    x = -beta * (lp - rp)\n"
-              "    y = x.clone()\n"
-              "    y[:, -1] += score\n"
-              "    out = []\n"
-              "    for t in range(y.size(1)):\n"
-              "        nv = values[:, t + 1] if t < y.size(1) - 1 else 0.0\n"
-              "        out.append(y[:, t] + gamma * nv - values[:, t])\n"
-              "    return torch.stack(out, 1)\n",
+        Valid(_TD_REWARD.format(sign="-", discount=""),
               why="the KL penalty subtracted from the value a TD error reads as its reward", capability="C3",
               style="functional"),
     ]
@@ -427,20 +431,13 @@ class KlSign(Rule):
                 "    return data\n", line=5,
                 why="the coefficient is an adaptive KL controller's value (a parameter named for the controller)",
                 capability="C6", style="framework"),
-        Invalid("def advantages(policy, ref_model, ids, values, score, beta, gamma):\n"
-                "    with torch.no_grad():\n"
-                "        lp = torch.log_softmax(policy(ids).logits, -1)\n"
-                "        rp = torch.log_softmax(ref_model(ids).logits, -1)\n"
-                "    x = beta * (lp - rp)\n"
-                "    y = x.clone()\n"
-                "    y[:, -1] += score\n"
-                "    out = []\n"
-                "    for t in range(y.size(1)):\n"
-                "        nv = values[:, t + 1] if t < y.size(1) - 1 else 0.0\n"
-                "        out.append(y[:, t] + gamma * nv - values[:, t])\n"
-                "    return torch.stack(out, 1)\n", line=6,
+        Invalid(_TD_REWARD.format(sign="", discount=""), line=6,
                 why="the KL-shaped value is copied into the tensor a TD error reads as its reward (r[:, t] + gamma * "
-                    "V[:, t + 1] - V[:, t]): a reward by that use, whatever it is called", capability="C3", style="functional"),
+                    "V[:, t + 1] - V[:, t]): a reward by that use, whatever it is called", capability="C3",
+                style="functional"),
+        Invalid(_TD_REWARD.format(sign="", discount=" * (1 - done[:, t])"), line=6,
+                why="the same TD error with the next value cut at episode ends (a (1 - done) factor)",
+                capability="C3", style="functional"),
     ]
 
     def check(self, ctx: Analysis) -> Iterator[Violation]:
