@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 
@@ -10,6 +11,23 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_SKIP = 0, 1, 2, 125
 
 
 def check_main(argv: list[str]) -> int:
+    code = _check(argv)
+    if _left_group:
+        # a torchrun worker whose process group rlguard made and has destroyed: leave at once. At interpreter exit
+        # gloo's threads can still be torn down after the process group ("terminate called without an active
+        # exception", SIGABRT, seen in CI even after a barrier), failing a job whose checks all passed; the report is
+        # written and the output flushed, and nothing else runs in this process.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code
+
+
+_left_group = False  # set when this process made a process group under torchrun and has left it
+
+
+def _check(argv: list[str]) -> int:
+    global _left_group
     parser = argparse.ArgumentParser(
         prog="rlguard check",
         description="Run the preflight invariant suite on a trainer adapter. Exit 0: every check passed; "
@@ -91,6 +109,7 @@ def check_main(argv: list[str]) -> int:
                 # the other at exit ("terminate called without an active exception", SIGABRT): leave together.
                 dist.barrier()
             dist.destroy_process_group()
+            _left_group = True
 
 
 class UsageError(Exception):
