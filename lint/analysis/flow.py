@@ -34,7 +34,6 @@ MUTATING_METHODS = frozenset({"update", "setdefault", "clear", "pop", "popitem",
 _ENDS_FLOW = (cst.Return, cst.Raise, cst.Break, cst.Continue)
 
 
-
 # suites up to this many statements are walked statement by statement (a plan costs more than it saves there)
 _PLANNED_SUITE = 8
 

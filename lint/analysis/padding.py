@@ -208,18 +208,22 @@ def model_forward_ids(a: "Analysis", call: cst.Call, of_forward: bool = False) -
     A tensor that comes out of another model call (hidden states for a value head, or the ids a ``generate``-like
     call returned) is left out unless ``of_forward``: then the caller proves it is token ids by how it is used."""
     ids = forward_candidate_ids(a, call)
-    if ids is None:
+    if ids is None or calls_helper(a, call):
         return None
     func = call.func
     target = func.value if isinstance(func, cst.Attribute) and func.attr.value in ("forward", "__call__") else func
-    callee = a.callee(call)
-    if callee is not None and callee.name.value not in ("forward", "__call__"):
-        return None
     if models(a).model(target) is None:  # the costly test, last
         return None
     if not of_forward and forwards(a, ids):
         return None  # hidden states or logits of another forward (a value head on them): no token ids
     return ids
+
+
+def calls_helper(a: "Analysis", call: cst.Call) -> bool:
+    """Whether ``call`` calls a function of this module other than a ``forward``/``__call__``: a helper, no model
+    forward (the cheap half of :func:`model_forward_ids`)."""
+    callee = a.callee(call)
+    return callee is not None and callee.name.value not in ("forward", "__call__")
 
 
 def hands_attention_masks(a: "Analysis", func: cst.CSTNode | None) -> bool:
@@ -582,6 +586,6 @@ def pad_labels_ignored(a: "Analysis") -> list[PadLabels]:
 
 
 __all__ = ["ATTENTION_MASK_NAME", "LAYOUT_KEYWORDS", "MaskCandidate", "OTHER_INPUT_MASK", "PadLabels",
-           "attention_masks", "eos_valued", "forward_candidate_ids", "hands_attention_masks", "is_ignore_index",
-           "is_pad_named", "masked_sibling", "model_forward_ids", "pad_comparison", "pad_labels_ignored",
-           "pad_set_to_eos", "pad_settings", "splat_keys"]
+           "attention_masks", "calls_helper", "eos_valued", "forward_candidate_ids", "hands_attention_masks",
+           "is_ignore_index", "is_pad_named", "masked_sibling", "model_forward_ids", "pad_comparison",
+           "pad_labels_ignored", "pad_set_to_eos", "pad_settings", "splat_keys"]

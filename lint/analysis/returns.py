@@ -17,6 +17,7 @@ import libcst as cst
 
 from rlguard.lint.analysis.index import key_of
 from rlguard.lint.analysis.losses import top_terms
+from rlguard.lint.analysis.uses import reads_of
 
 if TYPE_CHECKING:
     from rlguard.lint.analysis import Analysis
@@ -109,14 +110,11 @@ def _next_of(a: "Analysis", expr, base: str, step: str, depth: int = 2) -> bool:
 def enters_td_reward(a: "Analysis", d) -> bool:
     """Whether the value bound by ``d`` is read by a TD error as its reward, itself or through a copy made of it
     (``rewards = non_score_reward.clone()``, then ``rewards[:, t] + gamma * ...``)."""
-    reads = td_reward_reads(a)
-    if not reads:
+    td_reads = td_reward_reads(a)
+    if not td_reads or "." in d.key or "[" in d.key:
         return False
-    if "." in d.key or "[" in d.key:
-        return False
-    names = a.facet("names_by_value", _names_by_value)
     bindings = [d]
-    for read in names.get(d.key, ()):
+    for read in reads_of(a, d):
         value = read
         parent = a.index.parent_of(value)
         while isinstance(parent, cst.Attribute) and parent.value is value:
@@ -124,18 +122,10 @@ def enters_td_reward(a: "Analysis", d) -> bool:
             if not (isinstance(call, cst.Call) and call.func is parent and parent.attr.value in _COPY_METHODS):
                 break
             value, parent = call, a.index.parent_of(call)
-        if isinstance(parent, cst.Assign) and parent.value is value and any(r is d for r in a.flow.reaching(
-                d.key, read)):
+        if isinstance(parent, cst.Assign) and parent.value is value:
             bindings += [c for c in a.index.stmt_defs.get(id(parent), ()) if c.kind == "assign" and c.element is None]
     for b in bindings:
-        for read in reads.get(b.key, ()):
-            if any(r is b for r in a.flow.reaching(b.key, read)):
-                return True
+        wanted = {id(r) for r in td_reads.get(b.key, ())}
+        if wanted and any(id(r) in wanted for r in reads_of(a, b)):
+            return True
     return False
-
-
-def _names_by_value(a: "Analysis") -> dict[str, list[cst.Name]]:
-    found: dict[str, list[cst.Name]] = {}
-    for name in a.index.nodes(cst.Name):
-        found.setdefault(name.value, []).append(name)
-    return found

@@ -598,8 +598,9 @@ _SELECTING = frozenset({"argsort", "sort", "topk", "nonzero", "randperm", "permu
 
 def _rows_selected_from(a: "Analysis", scope: cst.CSTNode) -> int | None:
     """The walk order from which rows of the function (or module) may be out of step, or None when it builds no
-    filter or permutation (a call that makes one, or a subscript by a boolean keep mask): its first such construct, or the start of the outermost loop
-    around it (a later iteration reads what an earlier one selected). Before that, no value carries a selection."""
+    filter or permutation (a call that makes one, or a subscript by a boolean keep mask): its first such construct,
+    or the start of the outermost loop around it (a later iteration reads what an earlier one selected). Before
+    that, no value carries a selection."""
     calls = a.index.descendants(scope, cst.Call) if not isinstance(scope, cst.Module) else a.nodes(cst.Call)
     first = None
     for call in calls:

@@ -9,8 +9,8 @@ import libcst as cst
 from rlguard.catalog import PADDING_LEAK
 from rlguard.lint.analysis import Analysis
 from rlguard.lint.analysis.padding import (LAYOUT_KEYWORDS, OTHER_INPUT_MASK, MaskCandidate, attention_masks,
-                                          forward_candidate_ids, hands_attention_masks, masked_sibling,
-                                          model_forward_ids, splat_keys)
+                                          calls_helper, forward_candidate_ids, hands_attention_masks,
+                                          masked_sibling, model_forward_ids, splat_keys)
 from rlguard.lint.analysis.provenance import forwards
 from rlguard.lint.analysis.uses import Use, def_consumers
 from rlguard.lint.rule import Invalid, Rule, Valid, Violation
@@ -288,8 +288,7 @@ class PaddingLeak(Rule):
             ids = forward_candidate_ids(ctx, call)
             if ids is None or _takes_layout(ctx, call):
                 continue
-            callee = ctx.callee(call)
-            if callee is not None and callee.name.value not in ("forward", "__call__"):
+            if calls_helper(ctx, call):
                 continue  # a helper of this module, not a forward (model_forward_ids' cheap test, first)
             # a local known as an attention mask by its name alone is a preview part: not even traced otherwise
             masks = attention_masks(ctx, ids, named=ctx.preview)
