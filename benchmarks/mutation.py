@@ -13,7 +13,10 @@ A mutant is CAUGHT (OK) when a finding with the site's code lies inside the muta
 the mutant) and the original has no finding of that code inside the function. Other outcomes: MISSED,
 ORIGINAL-FLAGGED (the original already has the finding: the site proves nothing), INVALID-SITE (the operator
 found no target at that line, or the mutant does not parse or equals the original), INTERNAL-ERROR (an RLG902
-finding or an exception from the linter on either side).
+finding or an exception from the linter on either side). A site with ``harmless = "<why>"`` names a mutant that does
+not produce the fault, found by reading the code after the site was chosen (the reference it un-detaches is frozen
+where it is built, so the catalog's runtime check would pass): it counts neither as caught nor as missed; HARMLESS
+when nothing is reported, HARMLESS-FLAGGED (a false alarm) when the code is.
 
     python benchmarks/mutation.py --mirrors DIR                       # every site, both parts
     python benchmarks/mutation.py --mirrors DIR --part development -v # one line per site with the finding
@@ -110,7 +113,9 @@ SITE_FILES = (HERE / "mutation_sites.toml", HERE / "mutation_sites_validation.to
 DOC = ROOT / "docs" / "benchmarks.md"
 SECTION = "## Mutation recall"
 SITE_KEYS = {"repo", "path", "function", "line", "operator", "code", "note"}
-STATUSES = ("OK", "MISSED", "ORIGINAL-FLAGGED", "INVALID-SITE", "INTERNAL-ERROR")
+# optional: why the mutant does not produce the fault (the catalog's runtime check would pass on it)
+OPTIONAL_KEYS = {"harmless"}
+STATUSES = ("OK", "MISSED", "ORIGINAL-FLAGGED", "INVALID-SITE", "INTERNAL-ERROR", "HARMLESS", "HARMLESS-FLAGGED")
 INTERNAL = "RLG902"
 
 
@@ -918,6 +923,7 @@ class Site:
     params: dict
     part: str = ""
     origin: str = ""
+    harmless: str = ""
 
     @property
     def label(self) -> str:
@@ -941,11 +947,12 @@ def load_sites(repos: dict[str, dict], files: Iterable[Path] = SITE_FILES) -> li
             if entry["repo"] not in repos:
                 raise SystemExit(f"{where}: repository {entry['repo']!r} is not in {REPOS.name}")
             for key, value in entry.items():
-                if key not in SITE_KEYS and not isinstance(value, (int, str)):
+                if key not in SITE_KEYS | OPTIONAL_KEYS and not isinstance(value, (int, str)):
                     raise SystemExit(f"{where}: parameter {key} must be a name or an index")
-            params = {k: v for k, v in entry.items() if k not in SITE_KEYS}
+            params = {k: v for k, v in entry.items() if k not in SITE_KEYS | OPTIONAL_KEYS}
             sites.append(Site(entry["repo"], entry["path"], entry["function"], int(entry["line"]), entry["operator"],
-                              entry["code"], entry["note"], params, repos[entry["repo"]]["part"], path.name))
+                              entry["code"], entry["note"], params, repos[entry["repo"]]["part"], path.name,
+                              str(entry.get("harmless", ""))))
     return sites
 
 
@@ -1063,6 +1070,12 @@ def judge(site: Site, tree: Path, linter: Linter, original_cache: dict) -> Outco
     caught = [f for f in mut_findings if f[0] == site.code and in_ranges(f[1], after)]
     if flagged:
         return Outcome(site, "ORIGINAL-FLAGGED", f"line {flagged[0][1]}: {flagged[0][2]}", caught, seconds)
+    if site.harmless:
+        # not a fault: a finding here is a false alarm, and silence is right; neither counts as recall
+        if caught:
+            return Outcome(site, "HARMLESS-FLAGGED", f"line {caught[0][1]}: {caught[0][2]} ({site.harmless})",
+                           caught, seconds)
+        return Outcome(site, "HARMLESS", site.harmless, mut_findings, seconds)
     if caught:
         return Outcome(site, "OK", f"line {caught[0][1]}: {caught[0][2]}", caught, seconds)
     other = sorted({f[0] for f in mut_findings if in_ranges(f[1], after)}
@@ -1120,16 +1133,16 @@ def rate(ok: int, valid: int) -> str:
 def render(outcomes: list[Outcome]) -> str:
     codes = sorted({o.site.code for o in outcomes})
     parts = [p for p in ("development", "validation") if any(o.site.part == p for o in outcomes)]
-    lines = ["| code | " + " | ".join(f"{p}: caught / valid | missed | original flagged | invalid | error"
-                                       for p in parts) + " |",
-             "|---|" + "---|" * (5 * len(parts))]
+    lines = ["| code | " + " | ".join(f"{p}: caught / valid | missed | original flagged | invalid | harmless "
+                                       f"(flagged) | error" for p in parts) + " |",
+             "|---|" + "---|" * (6 * len(parts))]
     for code in codes + ["all"]:
         cells = []
         for part in parts:
             c = Counter(o.status for o in outcomes if o.site.part == part and (code == "all" or o.site.code == code))
             valid = c["OK"] + c["MISSED"]
             cells.append(f"{rate(c['OK'], valid)} | {c['MISSED']} | {c['ORIGINAL-FLAGGED']} | {c['INVALID-SITE']} | "
-                         f"{c['INTERNAL-ERROR']}")
+                         f"{c['HARMLESS'] + c['HARMLESS-FLAGGED']} ({c['HARMLESS-FLAGGED']}) | {c['INTERNAL-ERROR']}")
         lines.append(f"| {'**all**' if code == 'all' else code} | " + " | ".join(cells) + " |")
     lines.append("")
     for part in parts:
