@@ -316,7 +316,9 @@ class Models:
 
     def is_frozen(self, ref: ModelRef) -> bool:
         """``ref_model.requires_grad_(False)``, ``ref.eval()`` with a loop setting ``p.requires_grad = False`` over
-        its parameters: its forwards carry no gradient."""
+        its parameters, or a copy made by TRL's ``create_reference_model(model)`` (which sets ``requires_grad =
+        False`` on every parameter unless ``num_shared_layers`` shares some with the policy): its forwards carry no
+        gradient."""
         if self._frozen is None:
             found: set = set()
             for call in self.a.nodes(cst.Call):
@@ -324,6 +326,9 @@ class Models:
                     recv = S.receiver(call)
                     if recv is not None:
                         found |= {o.key for o in self.roots(recv)}
+                elif S.called_name(call) == "create_reference_model" and self.a.callee(call) is None and \
+                        len(call.args) == 1 and call.args[0].keyword is None and not call.args[0].star:
+                    found |= {o.key for o in self.roots(call)}
             for stmt in self.a.nodes(cst.Assign):
                 target = dotted_name(stmt.targets[0].target) or ""
                 if target.endswith(".requires_grad") and S.literal_bool(stmt.value) is False:

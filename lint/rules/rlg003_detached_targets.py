@@ -164,6 +164,22 @@ class DetachedTargets(Rule):
               "            batch = self.rollout(ids)\n", "a method only called under no_grad"),
         Valid("ref_model.requires_grad_(False)\n"
               "ref_logp = token_logp(ref_model(ids).logits, ids)\n", "the reference model is frozen"),
+        Valid("from trl import create_reference_model\n"
+              "\n"
+              "class Trainer:\n"
+              "    def __init__(self, model, beta):\n"
+              "        self.model = model\n"
+              "        self.ref_model = create_reference_model(model)\n"
+              "\n"
+              "    def sequence_logps(self, model, ids):\n"
+              "        logits = model(ids).logits[:, :-1]\n"
+              "        return torch.log_softmax(logits, -1).gather(-1, ids[:, 1:, None]).squeeze(-1).sum(-1)\n"
+              "\n"
+              "    def prepare(self, ids):\n"
+              "        ref_logps = self.sequence_logps(self.ref_model, ids)\n"
+              "        return {\"input_ids\": ids, \"ref_logps\": ref_logps}\n",
+              "TRL's create_reference_model(model) returns a copy whose parameters all have requires_grad False: its "
+              "log-probs carry no gradient without no_grad", capability="C1", style="framework"),
         Valid("with torch.set_grad_enabled(False):\n"
               "    _, old_logp, _, value = agent.get_action_and_value(obs)\n", "set_grad_enabled(False)"),
         Valid("logp = compute_logp(policy, ids)\n"
@@ -254,6 +270,22 @@ class DetachedTargets(Rule):
                 "    loss.backward()\n", line=8,
                 why="a GAE loop appends each step's advantage to a list: the list carries the critic's live "
                     "values, and the stacked advantages weigh the PPO clip", capability="C1", style="functional"),
+        Invalid("from trl import create_reference_model\n"
+                "\n"
+                "class Trainer:\n"
+                "    def __init__(self, model, beta):\n"
+                "        self.model = model\n"
+                "        self.ref_model = create_reference_model(model, num_shared_layers=6)\n"
+                "\n"
+                "    def sequence_logps(self, model, ids):\n"
+                "        logits = model(ids).logits[:, :-1]\n"
+                "        return torch.log_softmax(logits, -1).gather(-1, ids[:, 1:, None]).squeeze(-1).sum(-1)\n"
+                "\n"
+                "    def prepare(self, ids):\n"
+                "        ref_logps = self.sequence_logps(self.ref_model, ids)\n"
+                "        return {\"input_ids\": ids, \"ref_logps\": ref_logps}\n", line=13,
+                why="with num_shared_layers the copy shares its first layers with the policy: the reference "
+                    "log-probs depend on trained weights", capability="C1", style="framework"),
         Invalid("old_logp = compute_logp(model, ids)\n", line=1,
                 fixed="old_logp = compute_logp(model, ids).detach()\n", preview=True),
         Invalid("values = self.critic(obs).squeeze(-1)\n"
