@@ -338,8 +338,37 @@ class Models:
                             recv = S.receiver(loop.iter)
                             if recv is not None:
                                 found |= {o.key for o in self.roots(recv)}
+            if found:
+                found |= self._frozen_parameters(found)
             self._frozen = frozenset(found)
         return bool(ref.roots & self._frozen)
+
+    def _frozen_parameters(self, frozen: set) -> set:
+        """Parameters of this module's functions that every call in the module hands a frozen model (the
+        callee's context is its callers': ``train_epoch(..., ref_model)`` after ``ref_model.requires_grad_(False)``
+        at the top of the script), through two levels of callers. A function with no call site in view, or one
+        called as a method, gets nothing."""
+        from rlguard.lint.analysis.grad import call_sites
+
+        found: set = set()
+        for _ in range(2):
+            known = frozen | found
+            for func in self.a.nodes(cst.FunctionDef):
+                if self.a.enclosing_class(func) is not None:
+                    continue  # a method: `self` shifts the arguments, and callers are many
+                sites = call_sites(self.a, func)
+                if not sites:
+                    continue
+                params = [p.name.value for p in func.params.params]
+                for name in params:
+                    key = f"{func.name.value}:{name}"
+                    if key in found:
+                        continue
+                    handed = [dict(_bind_by_names(params, call)).get(name) for call in sites]
+                    if all(arg is not None and (roots := {o.key for o in self.roots(arg)}) and roots <= known
+                           for arg in handed):
+                        found.add(key)
+        return found
 
 
 def _reference_context(a: "Analysis", item: cst.BaseExpression) -> bool:

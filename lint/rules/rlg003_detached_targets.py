@@ -180,6 +180,24 @@ class DetachedTargets(Rule):
               "        return {\"input_ids\": ids, \"ref_logps\": ref_logps}\n",
               "TRL's create_reference_model(model) returns a copy whose parameters all have requires_grad False: its "
               "log-probs carry no gradient without no_grad", capability="C1", style="framework"),
+        Valid("def train_epoch(model, ref_model, batches, opt, beta):\n"
+              "    for ids in batches:\n"
+              "        logits = model(ids).logits[:, :-1]\n"
+              "        logp = torch.log_softmax(logits, -1).gather(-1, ids[:, 1:, None]).squeeze(-1)\n"
+              "        ref_logits = ref_model(ids).logits[:, :-1]\n"
+              "        ref_logp = torch.log_softmax(ref_logits, -1).gather(-1, ids[:, 1:, None]).squeeze(-1)\n"
+              "        loss = -logp.mean() + beta * (logp - ref_logp).mean()\n"
+              "        opt.zero_grad()\n"
+              "        loss.backward()\n"
+              "        opt.step()\n"
+              "\n"
+              "ref = build_model()\n"
+              "ref = ref.eval().requires_grad_(False)\n"
+              "policy = build_model()\n"
+              "opt = torch.optim.AdamW(policy.parameters())\n"
+              "train_epoch(policy, ref, loader, opt, 0.1)\n",
+              "the function is handed a reference frozen by every caller in the module: the caller's context "
+              "is the callee's", capability="C5", style="script"),
         Valid("with torch.set_grad_enabled(False):\n"
               "    _, old_logp, _, value = agent.get_action_and_value(obs)\n", "set_grad_enabled(False)"),
         Valid("logp = compute_logp(policy, ids)\n"
@@ -286,6 +304,24 @@ class DetachedTargets(Rule):
                 "        return {\"input_ids\": ids, \"ref_logps\": ref_logps}\n", line=13,
                 why="with num_shared_layers the copy shares its first layers with the policy: the reference "
                     "log-probs depend on trained weights", capability="C1", style="framework"),
+        Invalid("def train_epoch(model, ref_model, batches, opt, beta):\n"
+                "    for ids in batches:\n"
+                "        logits = model(ids).logits[:, :-1]\n"
+                "        logp = torch.log_softmax(logits, -1).gather(-1, ids[:, 1:, None]).squeeze(-1)\n"
+                "        ref_logits = ref_model(ids).logits[:, :-1]\n"
+                "        ref_logp = torch.log_softmax(ref_logits, -1).gather(-1, ids[:, 1:, None]).squeeze(-1)\n"
+                "        loss = -logp.mean() + beta * (logp - ref_logp).mean()\n"
+                "        opt.zero_grad()\n"
+                "        loss.backward()\n"
+                "        opt.step()\n"
+                "\n"
+                "ref = build_model()\n"
+                "ref = ref.eval()\n"
+                "policy = build_model()\n"
+                "opt = torch.optim.AdamW(policy.parameters())\n"
+                "train_epoch(policy, ref, loader, opt, 0.1)\n", line=6,
+                why="the caller puts the reference in eval mode but leaves its weights trainable", capability="C5",
+                style="script", preview=True),
         Invalid("old_logp = compute_logp(model, ids)\n", line=1,
                 fixed="old_logp = compute_logp(model, ids).detach()\n", preview=True),
         Invalid("values = self.critic(obs).squeeze(-1)\n"
