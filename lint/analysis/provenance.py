@@ -264,7 +264,7 @@ class Models:
 
     def _role(self, objs: frozenset, names: tuple[str, ...]) -> str:
         vocab = self.a.names
-        if any(vocab.is_role(n, "ref_model") for n in names):
+        if any(vocab.is_role(n, "ref_model") for n in names) or self._frozen_copy_of_trained(objs):
             return "reference"
         if any(REWARD_NAME.fullmatch(n) for n in names) and not frozenset(o.key for o in objs) & self.trained_roots():
             return "reward"
@@ -273,6 +273,22 @@ class Models:
         if any(vocab.is_role(n, "policy") for n in names) or frozenset(o.key for o in objs) & self.trained_roots():
             return "policy"
         return "model"
+
+    def _frozen_copy_of_trained(self, objs: frozenset) -> bool:
+        """A deep copy of a model this module trains, not trained itself (``ref = copy.deepcopy(model)`` beside
+        ``Adam(model.parameters())``): the copy keeps the starting weights, the reference a KL or a DPO margin
+        measures against, whatever it is called."""
+        trained = self.trained_roots()
+        if not trained or not objs or any(o.kind != "new" for o in objs) or {o.key for o in objs} & trained:
+            return False
+        for o in objs:
+            call = self.objs.facet.calls.get(o.node_id)
+            if call is None or self.a.call_name(call) not in S.DEEP_COPY or not call.args:
+                return False
+            source = self.roots(call.args[0].value)
+            if not source or not {s.key for s in source} <= trained:
+                return False
+        return True
 
     def trained_roots(self) -> frozenset:
         """Roots of objects whose ``parameters()`` are handed to an optimizer in this module."""
@@ -342,6 +358,24 @@ class Models:
                 found |= self._frozen_parameters(found)
             self._frozen = frozenset(found)
         return bool(ref.roots & self._frozen)
+
+    def built_here_and_trainable(self, ref: ModelRef) -> bool:
+        """Whether the model's weights visibly require grad: every root is an object built in this module (a deep
+        copy, a constructor, ``from_pretrained``), nothing here freezes it, and it is never handed to code that
+        could (any call taking it as an argument, other than a wrapper that hands it back, ``self._wrap_model(m)``):
+        a reference made by ``copy.deepcopy(model)`` and only put in eval mode. A model handed in, or handed out,
+        may be frozen where the linter cannot see."""
+        if not ref.roots or not all(k.startswith("new@") for k in ref.roots) or self.is_frozen(ref):
+            return False
+        for call in self.a.nodes(cst.Call):
+            name = self.a.call_name(call) or ""
+            if S.SAME_MODULE_CALL.fullmatch(name.rsplit(".", 1)[-1]) or name in S.SAME_MODULE_FUNCTIONS or \
+                    name in S.DEEP_COPY:
+                continue
+            for arg in call.args:
+                if isinstance(arg.value, (cst.Name, cst.Attribute)) and {o.key for o in self.roots(arg.value)} & ref.roots:
+                    return False
+        return True
 
     def _frozen_parameters(self, frozen: set) -> set:
         """Parameters of this module's functions that every call in the module hands a frozen model (the

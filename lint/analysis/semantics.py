@@ -81,7 +81,9 @@ ADAPTER_OFF = re.compile(r"(?i)disable_adapters?|null_ref_context|adapter_disabl
 SAME_MODULE_METHODS = frozenset({"eval", "train", "to", "cuda", "cpu", "half", "float", "double", "bfloat16",
                                  "requires_grad_", "to_empty", "type", "share_memory"})
 SAME_MODULE_FUNCTIONS = frozenset({"torch.compile"})
-SAME_MODULE_CALL = re.compile(r"(?i)unwrap_model|unwrap\w*|get_unwrapped\w*")
+# ... and calls that hand back the model they wrap for the runtime (HF Trainer's `self._wrap_model(m)`, accelerate's
+# `prepare_model(m)`): the same module, wrapped, not another model
+SAME_MODULE_CALL = re.compile(r"(?i)unwrap_model|unwrap\w*|get_unwrapped\w*|_?wrap_model|prepare_model")
 # Methods of a model that are no forward pass.
 NON_FORWARD_METHODS = frozenset({
     "parameters", "named_parameters", "buffers", "named_buffers", "modules", "named_modules", "children",

@@ -10,7 +10,8 @@ import libcst as cst
 from rlguard.catalog import DETACHED_TARGETS
 from rlguard.lint.analysis import Analysis, dotted_name
 from rlguard.lint.analysis.index import Def
-from rlguard.lint.analysis.provenance import forwards_of_def
+from rlguard.lint.analysis.provenance import forwards_of_def, models
+from rlguard.lint.analysis.semantics import CROSS_ENTROPY, GATHER, LOG_SOFTMAX, LOGPROB_HELPER
 from rlguard.lint.analysis.roles import hinted_role, in_model_code, is_backpropagated, target_role_by_use
 from rlguard.lint.rule import Invalid, Rule, Valid, Violation
 
@@ -198,6 +199,34 @@ class DetachedTargets(Rule):
               "train_epoch(policy, ref, loader, opt, 0.1)\n",
               "the function is handed a reference frozen by every caller in the module: the caller's context "
               "is the callee's", capability="C5", style="script"),
+        Valid("import copy\n"
+              "\n"
+              "def train(model, batches, beta):\n"
+              "    opt = torch.optim.Adam(model.parameters())\n"
+              "    twin = copy.deepcopy(model).eval().requires_grad_(False)\n"
+              "    for ids, labels in batches:\n"
+              "        a = -F.cross_entropy(twin(ids).logits[:, :-1].transpose(1, 2), labels, reduction=\"none\").sum(-1)\n"
+              "        b = -F.cross_entropy(model(ids).logits[:, :-1].transpose(1, 2), labels, reduction=\"none\").sum(-1)\n"
+              "        loss = -F.logsigmoid(beta * (b - a)).mean()\n"
+              "        opt.zero_grad()\n"
+              "        loss.backward()\n"
+              "        opt.step()\n",
+              "the deep copy of the trained model is frozen where it is built", capability="C1", style="functional"),
+        Valid("import copy\n"
+              "\n"
+              "def train(model, batches, beta):\n"
+              "    opt = torch.optim.Adam(model.parameters())\n"
+              "    twin = copy.deepcopy(model).eval()\n"
+              "    opt.add_param_group({\"params\": twin.parameters()})\n"
+              "    for ids, labels in batches:\n"
+              "        a = -F.cross_entropy(twin(ids).logits[:, :-1].transpose(1, 2), labels, reduction=\"none\").sum(-1)\n"
+              "        b = -F.cross_entropy(model(ids).logits[:, :-1].transpose(1, 2), labels, reduction=\"none\").sum(-1)\n"
+              "        loss = -F.logsigmoid(beta * (b - a)).mean()\n"
+              "        opt.zero_grad()\n"
+              "        loss.backward()\n"
+              "        opt.step()\n",
+              "the copy is trained too (its parameters join the optimizer): no reference", capability="C1",
+              style="functional"),
         Valid("with torch.set_grad_enabled(False):\n"
               "    _, old_logp, _, value = agent.get_action_and_value(obs)\n", "set_grad_enabled(False)"),
         Valid("logp = compute_logp(policy, ids)\n"
@@ -322,6 +351,35 @@ class DetachedTargets(Rule):
                 "train_epoch(policy, ref, loader, opt, 0.1)\n", line=6,
                 why="the caller puts the reference in eval mode but leaves its weights trainable", capability="C5",
                 style="script", preview=True),
+        Invalid("import copy\n"
+                "\n"
+                "def train(model, batches, beta):\n"
+                "    opt = torch.optim.Adam(model.parameters())\n"
+                "    twin = copy.deepcopy(model).eval()\n"
+                "    for ids, labels in batches:\n"
+                "        a = -F.cross_entropy(twin(ids).logits[:, :-1].transpose(1, 2), labels, reduction=\"none\").sum(-1)\n"
+                "        b = -F.cross_entropy(model(ids).logits[:, :-1].transpose(1, 2), labels, reduction=\"none\").sum(-1)\n"
+                "        loss = -F.logsigmoid(beta * (b - a)).mean()\n"
+                "        opt.zero_grad()\n"
+                "        loss.backward()\n"
+                "        opt.step()\n", line=7,
+                why="no name says reference: a deep copy of the trained model, built here, never frozen and never "
+                    "handed out, scores the DPO margin's other side with autograd on", capability="C1", style="functional"),
+        Invalid("import copy\n"
+                "\n"
+                "def train(model, batches, beta):\n"
+                "    opt = torch.optim.Adam(model.parameters())\n"
+                "    twin = copy.deepcopy(model).eval()\n"
+                "    disable_dropout(twin)\n"
+                "    for ids, labels in batches:\n"
+                "        a = -F.cross_entropy(twin(ids).logits[:, :-1].transpose(1, 2), labels, reduction=\"none\").sum(-1)\n"
+                "        b = -F.cross_entropy(model(ids).logits[:, :-1].transpose(1, 2), labels, reduction=\"none\").sum(-1)\n"
+                "        loss = -F.logsigmoid(beta * (b - a)).mean()\n"
+                "        opt.zero_grad()\n"
+                "        loss.backward()\n"
+                "        opt.step()\n", line=8,
+                why="the copy is handed to a function out of view, which may freeze it: preview", capability="C1",
+                style="functional", preview=True),
         Invalid("old_logp = compute_logp(model, ids)\n", line=1,
                 fixed="old_logp = compute_logp(model, ids).detach()\n", preview=True),
         Invalid("values = self.critic(obs).squeeze(-1)\n"
@@ -431,15 +489,18 @@ class DetachedTargets(Rule):
             if role is None and by_use is not None:
                 role = by_use
             logp_named = role is None and _logp_named(element)
-            if role is None and not logp_named and not ctx.preview:
-                continue  # the role by provenance alone is a preview part: the forwards are not traced for it
+            if role is None and not logp_named and not ctx.preview and not _computes_logprobs(ctx, stmt.value):
+                continue  # no role, and nothing computes log-probs here: the forwards are not traced for it
             # forwards that carry gradient into trained weights (a reward model's output is not trained)
             live = [o for o in forwards_of_def(ctx, d, grad=True) if o.model is None or o.model.role != "reward"]
             by_provenance = by_use is None and _reference_logprobs(live)
+            # log-probs that only forwards of the reference model compute. A preview part, unless the reference is
+            # built here and visibly trainable: a reference is usually frozen by its builder (`requires_grad = False`
+            # over its parameters, often in another file), and then no gradient flows whatever the context; the
+            # ecosystem shows that case (grpo-flat)
+            shown_by_provenance = by_provenance and all(o.model is not None and
+                                                        models(ctx).built_here_and_trainable(o.model) for o in live)
             if by_provenance:
-                # log-probs that only forwards of the reference model compute. A preview part: a reference is
-                # usually frozen by its builder (`requires_grad = False` over its parameters, often in another file),
-                # and then no gradient flows whatever the context; the ecosystem shows that case (grpo-flat)
                 role = role or "ref_logp"
                 logp_named = False
             if role is None and not logp_named:
@@ -459,8 +520,9 @@ class DetachedTargets(Rule):
             # that names the role); a role that rests on the variable's name alone is a preview finding
             assumed = all(o.assumed for o in live)  # only methods out of view: they may run under no_grad
             return Violation(element if unpacked else stmt.value, message, fix,
-                             preview=assumed or by_provenance or by_use is None or by_use != role and {by_use, role} != {
-                                 "old_logp", "ref_logp"})
+                             preview=assumed or not shown_by_provenance and (
+                                 by_provenance or by_use is None or by_use != role and {by_use, role} != {
+                                     "old_logp", "ref_logp"}))
         return None
 
 
@@ -492,6 +554,19 @@ def _detached_later(ctx: Analysis, d: Def) -> bool:
     for call in ctx.index.descendants(scope.node, cst.Call) if scope.node is not ctx.module else ctx.nodes(cst.Call):
         if isinstance(call.func, cst.Attribute) and call.func.attr.value == "detach_" and \
                 dotted_name(call.func.value) == d.key and order[id(call)] > d.order:
+            return True
+    return False
+
+
+def _computes_logprobs(ctx: Analysis, value: cst.BaseExpression) -> bool:
+    """Whether the assigned expression itself computes log-probs (a log-softmax, a cross-entropy, a gather, a
+    log-prob helper out of view): what the value is then follows from the model it is computed from."""
+    for call in ctx.index.descendants(value, cst.Call) if not isinstance(value, cst.Call) else \
+            [value, *ctx.index.descendants(value, cst.Call)]:
+        name = ctx.call_name(call) or ""
+        method = ctx.method(call)
+        if name in LOG_SOFTMAX or name in CROSS_ENTROPY or name in GATHER or method in ("log_softmax", "gather") or \
+                (LOGPROB_HELPER.fullmatch(name.rsplit(".", 1)[-1]) and ctx.callee(call) is None):
             return True
     return False
 
