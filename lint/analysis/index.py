@@ -624,8 +624,11 @@ class _Walker:
         scope = self.scope_stack[-1].node
         if key is None:
             if isinstance(target, cst.Subscript):
-                # d[i] = v with a computed index: a store into `d` that key paths cannot follow
-                base = key_of(target.value)
+                # d[i] = v with a computed index (or d[i][s] = v): a store into `d` that key paths cannot follow
+                root = target.value
+                while isinstance(root, cst.Subscript) and key_of(root) is None:
+                    root = root.value
+                base = key_of(root)
                 if base is not None:
                     self._define(base + "[?]", "other", value, stmt, scope, target=target)
             return

@@ -449,6 +449,7 @@ class Origin:
 
 class ProvenanceFacet(Facet):
     unknown = EMPTY
+    buffer_fills = True
 
     def __init__(self, a: "Analysis"):
         self.a = a
@@ -467,7 +468,18 @@ class ProvenanceFacet(Facet):
         return frozenset(replace(o, grad=False) if o.grad is not False else o for o in origins)
 
     def _what(self, origins: frozenset, what: str) -> frozenset:
-        return frozenset(replace(o, what=what) if o.kind == FORWARD else o for o in origins)
+        # a rollout's scores are the sampling policy's logits: their log-softmax is its log-probs (the token ids a
+        # rollout returns are no logits, whatever is applied to them)
+        return frozenset(replace(o, what=what) if o.kind == FORWARD or (
+            o.kind == ROLLOUT and o.what == "logits" and what == "logprobs") else o for o in origins)
+
+    @staticmethod
+    def _rollout_scores(origins: frozenset, attr: str) -> frozenset | None:
+        """``out.scores`` / ``out.logits`` of a generation call (``generate(..., output_scores=True)``): the logits
+        the sampler drew each token from."""
+        if attr not in ("scores", "logits") or not any(o.kind == ROLLOUT for o in origins):
+            return None
+        return frozenset(replace(o, what="logits") if o.kind == ROLLOUT else o for o in origins)
 
     def _context(self, origins: frozenset, node: cst.CSTNode, frame) -> frozenset:
         """Origins of an operation run at ``node``: under a grad-off context the result carries no gradient."""
@@ -545,6 +557,9 @@ class ProvenanceFacet(Facet):
         return None
 
     def _attribute(self, trace, origins: frozenset, attr: str) -> frozenset:
+        scores = self._rollout_scores(origins, attr)
+        if scores is not None:
+            return scores
         if attr in ("logits", "logit"):
             return self._what(origins, "logits")
         if attr in S.DATA_ATTRIBUTES:
@@ -696,6 +711,10 @@ class ProvenanceFacet(Facet):
         return frozenset({Origin(PARAM, id(d.stmt), None, name=d.key)})
 
     def item(self, trace, container, entry):
+        if any(o.kind in (FORWARD, ROLLOUT) for o in container):
+            scores = self._rollout_scores(container, entry)
+            if scores is not None:
+                return scores
         if any(o.kind == FORWARD for o in container):
             return self._attribute(trace, container, entry)
         return frozenset({Origin(READ, 0, None, name=entry)}) if container or True else EMPTY

@@ -76,6 +76,15 @@ ENTROPY_FUNCTIONS = frozenset({"torch.special.entr"})
 # Contexts under which a PEFT policy runs with its adapter off (its forwards are the reference's).
 ADAPTER_OFF = re.compile(r"(?i)disable_adapters?|null_ref_context|adapter_disabled|without_adapter")
 
+# Tensors filled with a constant: their values come from no model.
+FILLED_FUNCTIONS = frozenset({"torch.zeros", "torch.zeros_like", "torch.ones", "torch.ones_like", "torch.full",
+                              "torch.full_like", "numpy.zeros", "numpy.zeros_like", "numpy.ones", "numpy.ones_like",
+                              "numpy.full", "numpy.full_like"})
+FILLED_METHODS = frozenset({"new_zeros", "new_ones", "new_full"})
+# ... and buffers made to be written into (`out = torch.full(shape, pad); out[i, :n] = t`), uninitialised ones too
+BUFFER_FUNCTIONS = FILLED_FUNCTIONS | {"torch.empty", "torch.empty_like", "numpy.empty", "numpy.empty_like"}
+BUFFER_METHODS = FILLED_METHODS | {"new_empty"}
+
 # ----- models ---------------------------------------------------------------------------------------------------
 # Methods of a model that hand back the same module object (nn.Module.to/eval/half... work in place).
 SAME_MODULE_METHODS = frozenset({"eval", "train", "to", "cuda", "cpu", "half", "float", "double", "bfloat16",

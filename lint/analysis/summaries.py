@@ -27,7 +27,7 @@ from rlguard.lint.analysis.index import dotted_name, params_of
 if TYPE_CHECKING:
     from rlguard.lint.analysis import Analysis
 
-VERSION = 2
+VERSION = 3
 
 
 @dataclass
@@ -204,7 +204,7 @@ def summarise_module(a: "Analysis", module_name: str,
 
 def summarise(a: "Analysis", func: cst.FunctionDef, qualname: str) -> FunctionSummary:
     from rlguard.lint.analysis.grad import grad_context
-    from rlguard.lint.analysis.provenance import FORWARD, PARAM, objects, provenance
+    from rlguard.lint.analysis.provenance import FORWARD, PARAM, READ, objects, provenance
 
     params = [p.name.value for p in params_of(func.params)]
     positional = [p.name.value for p in (*func.params.posonly_params, *func.params.params)]
@@ -241,8 +241,10 @@ def summarise(a: "Analysis", func: cst.FunctionDef, qualname: str) -> FunctionSu
             summary.returns_role = whats.pop()
         summary.runs_model = bool(forwards) and any(
             any(n in params for n in (o.model.names if o.model else ())) for o in forwards)
-        summary.returns_from = sorted({o.name for o in flat if o.kind == PARAM and o.name in params
-                                       and o.name not in ("self", "cls")})
+        # a parameter, or the elements of one iterated over (`for t in tensors: out[i] = t`: a read that keeps the
+        # parameter's definition as its node)
+        summary.returns_from = sorted({o.name for o in flat if (o.kind == PARAM or o.kind == READ and o.node_id)
+                                       and o.name in params and o.name not in ("self", "cls")})
         summary.returns_signed = _returns_signed(a, returns)
         summary.returns_keeps = _returns_keeps(a, func, returns, positional)
     for call in a.index.descendants(func, cst.Call):

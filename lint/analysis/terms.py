@@ -17,7 +17,7 @@ import libcst as cst
 from rlguard.lint.analysis import semantics as S
 from rlguard.lint.analysis.index import key_entry, key_of, last_name
 from rlguard.lint.analysis.infoforms import forms
-from rlguard.lint.analysis.provenance import FORWARD, provenance
+from rlguard.lint.analysis.provenance import FORWARD, ROLLOUT, provenance
 from rlguard.lint.analysis.records import record_entries
 from rlguard.lint.analysis.signs import factors, signs
 from rlguard.lint.analysis.values import Frame
@@ -31,11 +31,6 @@ _MASKED_REDUCTION = re.compile(r"(?i)masked_(?!mask)\w+")
 # A coefficient named for the term it scales (``kl_div_loss_weight``, ``entropy_scale``, ``kl_beta``).
 _COEFFICIENT = re.compile(r"(?i)\w+_(coef|coeff|coefficient|weight|scale|factor|beta|lambda|lam)")
 
-# Tensors filled with a constant: their values come from no model.
-_FILLED_FUNCTIONS = frozenset({"torch.zeros", "torch.zeros_like", "torch.ones", "torch.ones_like", "torch.full",
-                               "torch.full_like", "numpy.zeros", "numpy.zeros_like", "numpy.ones", "numpy.ones_like",
-                               "numpy.full", "numpy.full_like"})
-_FILLED_METHODS = frozenset({"new_zeros", "new_ones", "new_full"})
 # Methods that move or cast a tensor without changing what it holds.
 _CAST_METHODS = frozenset({"to", "float", "double", "half", "bfloat16", "cuda", "cpu", "detach", "type", "type_as",
                            "contiguous", "clone"})
@@ -356,7 +351,7 @@ class Quantities:
         for t in terms:
             if self._is_reference_logp(t.expr, t.frame):
                 ref.add(t.sign)
-            elif self._is_policy_logp(t.expr, t.frame) or self._is_sampling_logp(t.expr):
+            elif self._is_policy_logp(t.expr, t.frame) or self._is_sampling_logp(t.expr, t.frame):
                 pol.add(t.sign)  # the sampling policy's log-probs stand for the policy in a KL to the reference
             elif S.number_value(t.expr) is None and not self._function_of_log_ratio(t.expr, t.frame):
                 return None  # another term: a loss or reward that contains a log-ratio, not the estimate itself
@@ -379,7 +374,8 @@ class Quantities:
             return False
         terms = self.signs.terms(inner, frame, stop=self._logp_stop, depth=6)
         return bool(terms) and all(self._is_reference_logp(t.expr, t.frame) or self._is_policy_logp(t.expr, t.frame)
-                                   or S.number_value(t.expr) is not None for t in terms)
+                                   or self._is_sampling_logp(t.expr, t.frame) or S.number_value(t.expr) is not None
+                                   for t in terms)
 
     def _logp_stop(self, expr, frame) -> bool:
         return self._is_reference_logp(expr, frame) or self._is_policy_logp(expr, frame)
@@ -444,7 +440,7 @@ class Quantities:
             if self.a.callee(expr) is not None:
                 return False
             name = self.a.call_name(expr)
-            if name in _FILLED_FUNCTIONS or self.a.method(expr) in _FILLED_METHODS:
+            if name in S.FILLED_FUNCTIONS or self.a.method(expr) in S.FILLED_METHODS:
                 return True
             return name in ("torch.tensor", "torch.as_tensor") and bool(expr.args) and \
                 S.number_value(expr.args[0].value) is not None
@@ -514,11 +510,18 @@ class Quantities:
         stored = self.a.facet("stored_entries", lambda an: frozenset(e.entry for e in record_entries(an)))
         return entry in stored
 
-    def _is_sampling_logp(self, expr) -> bool:
-        """The old (sampling) policy's log-probs by their name or the key they are stored under: in ``old - ref`` (a
-        KL estimate put into the reward at sampling time) they are the policy's side."""
+    def _is_sampling_logp(self, expr, frame) -> bool:
+        """The old (sampling) policy's log-probs by their name, the key they are stored under, or how they are made
+        (the log-softmax of the scores a generation call returned, and no model forward): in ``old - ref`` (a KL
+        estimate put into the reward at sampling time) they are the policy's side."""
         name = self._name(expr)
-        return self._stored_role(expr) == "old_logp" or (name is not None and self.a.names.is_role(name, "old_logp"))
+        if self._stored_role(expr) == "old_logp" or (name is not None and self.a.names.is_role(name, "old_logp")):
+            return True
+        return self._logp_memo("sampling", expr, frame, 0, lambda e, f, _: self._sampled(e, f))
+
+    def _sampled(self, expr, frame) -> bool:
+        origins = [o for o in self.prov.value(expr, frame) if o.kind in (FORWARD, ROLLOUT)]
+        return bool(origins) and all(o.kind == ROLLOUT and o.what == "logprobs" for o in origins)
 
     def _stored_role(self, expr) -> str | None:
         name = self._get_key(expr) or self._name(expr)

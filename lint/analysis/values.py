@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import libcst as cst
 
+from rlguard.lint.analysis import semantics as S
 from rlguard.lint.analysis.flow import ESCAPED
 from rlguard.lint.analysis.index import Def, dotted_name, key_of, params_of, string_key
 
@@ -60,6 +61,9 @@ class Facet(Generic[V]):
     """What one analysis computes. Subclasses override the hooks they need; the defaults say "unknown"."""
 
     unknown: V
+    # whether a buffer holds what is written into it (``out = torch.full(...)`` then ``out[i, :n] = t``): true for
+    # facets about where values come from, not for those about their layout (a filled slice is not the whole)
+    buffer_fills: bool = False
 
     def join(self, values: list[V]) -> V:
         """The value of a name several definitions reach. Default: the common value, else unknown."""
@@ -224,6 +228,10 @@ class Trace(Generic[V]):
                 grown = list_growth(self.a, d)
                 if grown:  # `xs = []` filled by `xs.append(v)`: the list holds what was appended
                     return facet.join([self.value(x, frame) for x in grown])
+                if facet.buffer_fills:
+                    written = buffer_fills(self.a, d)
+                    if written:  # `out = torch.full(...)` then `out[i][s] = t`: the buffer holds what went in
+                        return facet.join([self.value(d.value, frame)] + [self.value(x, frame) for x in written])
                 return self.value(d.value, frame)
             return self.element_of(d.value, d.element, frame)
         if d.kind == "param":
@@ -469,6 +477,28 @@ def list_growth(a: "Analysis", d: Def) -> list[cst.BaseExpression]:
     scope = index.function_scope(d.stmt).node
     return [value for recv, value in calls
             if index.function_scope(recv).node is scope and any(r is d for r in a.flow.reaching(d.key, recv))]
+
+
+def buffer_fills(a: "Analysis", d: Def) -> list[cst.BaseExpression]:
+    """The values written into the tensor buffer bound by ``d`` (``out = torch.full(shape, pad)``,
+    ``x.new_zeros(n)``) by element stores of its own function after it (``out[i][s] = t``, ``out[:, :n] = t``)
+    that ``d`` reaches."""
+    value = d.value
+    if not isinstance(value, cst.Call) or not (
+            a.call_name(value) in S.BUFFER_FUNCTIONS or a.method(value) in S.BUFFER_METHODS):
+        return []
+    scope = a.index.function_scope(d.stmt)
+    stores = scope.defs.get(d.key + "[?]", ())
+    out = []
+    for store in stores:
+        if store.order <= d.order or store.value is None or store.target is None:
+            continue
+        root = store.target
+        while isinstance(root, cst.Subscript):
+            root = root.value
+        if any(r is d for r in a.flow.reaching(d.key, root)):
+            out.append(store.value)
+    return out
 
 
 def _growth_calls(a: "Analysis") -> dict[str, list[tuple[cst.BaseExpression, cst.BaseExpression]]]:

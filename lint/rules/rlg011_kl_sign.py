@@ -130,6 +130,34 @@ class KlSign(Rule):
                      "rewards keyword, parameter or string key, is stored under one (`batch['token_level_rewards'] "
                      "= ...`), or is what a rewards function returns)")
     VALID = [
+        Valid("def pad_rows(rows, value):\n"
+              "    out = torch.full((len(rows), max(r.size(0) for r in rows), rows[0].size(-1)), value)\n"
+              "    for i, r in enumerate(rows):\n"
+              "        out[i][: r.size(0)] = r\n"
+              "    return out\n"
+              "\n"
+              "\n"
+              "def make_experience(policy, ref_model, critic, prompts, score_fn, beta, gamma, lam):\n"
+              "    with torch.no_grad():\n"
+              "        out = policy.generate(prompts, output_scores=True, return_dict_in_generate=True)\n"
+              "        seq = out.sequences[:, prompts.size(1):]\n"
+              "        z = pad_rows(list(torch.stack(out.scores, 1)), 0.0)\n"
+              "        a = torch.log_softmax(z, -1).gather(-1, seq.unsqueeze(-1)).squeeze(-1)\n"
+              "        y = ref_model(out.sequences).logits[:, prompts.size(1) - 1:-1]\n"
+              "        b = torch.log_softmax(y, -1).gather(-1, seq.unsqueeze(-1)).squeeze(-1)\n"
+              "        v = critic(out.sequences)[:, prompts.size(1) - 1:-1]\n"
+              "    r = -beta * (a - b)\n"
+              "    r[:, -1] += score_fn(out.sequences)\n"
+              "    last = 0.0\n"
+              "    adv = []\n"
+              "    for t in reversed(range(r.size(1))):\n"
+              "        nv = v[:, t + 1] if t < r.size(1) - 1 else 0.0\n"
+              "        delta = r[:, t] + gamma * nv - v[:, t]\n"
+              "        last = delta + gamma * lam * last\n"
+              "        adv.append(last)\n"
+              "    return torch.stack(adv[::-1], 1), r\n",
+              "the sampler's log-probs (the log-softmax of the scores generate returned) minus the reference's, "
+              "subtracted from the reward a TD error reads", capability="C1", style="functional"),
         Valid(_GROUPED_REWARD.format(sign="-"),
               why="the same KL subtracted from the grouped reward", capability="C2", style="class"),
         Valid("def update(pg_loss, logp, ref_logp, response_mask, opt, kl_coef):\n"
@@ -250,6 +278,56 @@ class KlSign(Rule):
               style="functional"),
     ]
     INVALID = [
+        Invalid("def pad_rows(rows, value):\n"
+                "    out = torch.full((len(rows), max(r.size(0) for r in rows), rows[0].size(-1)), value)\n"
+                "    for i, r in enumerate(rows):\n"
+                "        out[i][: r.size(0)] = r\n"
+                "    return out\n"
+                "\n"
+                "\n"
+                "def make_experience(policy, ref_model, critic, prompts, score_fn, beta, gamma, lam):\n"
+                "    with torch.no_grad():\n"
+                "        out = policy.generate(prompts, output_scores=True, return_dict_in_generate=True)\n"
+                "        seq = out.sequences[:, prompts.size(1):]\n"
+                "        z = pad_rows(list(torch.stack(out.scores, 1)), 0.0)\n"
+                "        a = torch.log_softmax(z, -1).gather(-1, seq.unsqueeze(-1)).squeeze(-1)\n"
+                "        y = ref_model(out.sequences).logits[:, prompts.size(1) - 1:-1]\n"
+                "        b = torch.log_softmax(y, -1).gather(-1, seq.unsqueeze(-1)).squeeze(-1)\n"
+                "        v = critic(out.sequences)[:, prompts.size(1) - 1:-1]\n"
+                "    r = beta * (a - b)\n"
+                "    r[:, -1] += score_fn(out.sequences)\n"
+                "    last = 0.0\n"
+                "    adv = []\n"
+                "    for t in reversed(range(r.size(1))):\n"
+                "        nv = v[:, t + 1] if t < r.size(1) - 1 else 0.0\n"
+                "        delta = r[:, t] + gamma * nv - v[:, t]\n"
+                "        last = delta + gamma * lam * last\n"
+                "        adv.append(last)\n"
+                "    return torch.stack(adv[::-1], 1), r\n", line=17,
+                why="no name says log-probs, KL or reward: the sampling policy's log-probs come from the scores of a "
+                    "generation (padded into a buffer by a helper), the other side from the reference, and the value is "
+                    "the reward of a TD error", capability="C1", style="functional"),
+        Invalid("def make_experience(policy, ref_model, critic, prompts, score_fn, beta, gamma, lam):\n"
+                "    with torch.no_grad():\n"
+                "        out = policy.generate(prompts, output_scores=True, return_dict_in_generate=True)\n"
+                "        seq = out.sequences[:, prompts.size(1):]\n"
+                "        z = torch.stack(out.scores, 1)\n"
+                "        a = torch.log_softmax(z, -1).gather(-1, seq.unsqueeze(-1)).squeeze(-1)\n"
+                "        y = ref_model(out.sequences).logits[:, prompts.size(1) - 1:-1]\n"
+                "        b = torch.log_softmax(y, -1).gather(-1, seq.unsqueeze(-1)).squeeze(-1)\n"
+                "        v = critic(out.sequences)[:, prompts.size(1) - 1:-1]\n"
+                "    r = beta * (a - b)\n"
+                "    r[:, -1] += score_fn(out.sequences)\n"
+                "    last = 0.0\n"
+                "    adv = []\n"
+                "    for t in reversed(range(r.size(1))):\n"
+                "        nv = v[:, t + 1] if t < r.size(1) - 1 else 0.0\n"
+                "        delta = r[:, t] + gamma * nv - v[:, t]\n"
+                "        last = delta + gamma * lam * last\n"
+                "        adv.append(last)\n"
+                "    return torch.stack(adv[::-1], 1), r\n", line=10,
+                why="the KL estimate against the sampler's own log-probs is added to the per-step reward", capability="C1",
+                style="functional"),
         Invalid(_GROUPED_REWARD.format(sign="+"), line=13,
                 why="a value viewed as groups of samples is a reward (GRPO/RLOO), whatever it is called; the reference is the policy with its reference adapter on, and the mask is ones padded with zeros", capability="C2", style="class"),
         Invalid("loss = pg_loss - kl_coef * kl\n", line=1, fixed="loss = pg_loss + kl_coef * kl\n", preview=True),
@@ -487,7 +565,9 @@ def _reward_terms(ctx: Analysis) -> Iterator[Violation]:
                 (kl_terms if net is not None else score_terms).append((sign, operand, net))
             if isinstance(stmt, cst.AugAssign):
                 score_terms.append((1, d.target, None))  # the reward it adds to
-            if not kl_terms or not (score_terms or kl_part or _score_added_later(ctx, d)):
+            # a reward: scores beside the KL term, or added to it later, or the value is what a TD error reads as
+            # its reward (itself or a copy: the score may be added to the copy)
+            if not kl_terms or not (score_terms or kl_part or _score_added_later(ctx, d) or enters_td_reward(ctx, d)):
                 continue
             for sign, operand, net in kl_terms:
                 if sign * net > 0:
