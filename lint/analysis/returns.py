@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from rlguard.lint.analysis import Analysis
 
 _SUM = (cst.Add, cst.Subtract)
-_COPY_METHODS = frozenset({"clone", "detach", "float", "to", "contiguous", "double"})
+COPY_METHODS = frozenset({"clone", "detach", "float", "to", "contiguous", "double"})
 
 
 def td_reward_reads(a: "Analysis") -> dict[str, list[cst.BaseExpression]]:
@@ -119,7 +119,7 @@ def enters_td_reward(a: "Analysis", d) -> bool:
         parent = a.index.parent_of(value)
         while isinstance(parent, cst.Attribute) and parent.value is value:
             call = a.index.parent_of(parent)
-            if not (isinstance(call, cst.Call) and call.func is parent and parent.attr.value in _COPY_METHODS):
+            if not (isinstance(call, cst.Call) and call.func is parent and parent.attr.value in COPY_METHODS):
                 break
             value, parent = call, a.index.parent_of(call)
         if isinstance(parent, cst.Assign) and parent.value is value:

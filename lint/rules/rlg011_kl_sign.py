@@ -10,7 +10,8 @@ import libcst as cst
 from rlguard.catalog import KL_SIGN
 from rlguard.lint.analysis import Analysis
 from rlguard.lint.analysis.groups import grouped_later
-from rlguard.lint.analysis.returns import enters_td_reward
+from rlguard.lint.analysis import semantics as S
+from rlguard.lint.analysis.returns import COPY_METHODS, enters_td_reward
 from rlguard.lint.analysis.index import key_entry, key_of
 from rlguard.lint.analysis.roles import interface_names
 from rlguard.lint.analysis.losses import flip, top_terms
@@ -509,11 +510,11 @@ class KlSign(Rule):
                 "    return data\n", line=5,
                 why="the coefficient is an adaptive KL controller's value (a parameter named for the controller)",
                 capability="C6", style="framework"),
-        Invalid(_TD_REWARD.format(sign="", discount=""), line=6,
+        Invalid(_TD_REWARD.format(sign="", discount=""), line=5,
                 why="the KL-shaped value is copied into the tensor a TD error reads as its reward (r[:, t] + gamma * "
-                    "V[:, t + 1] - V[:, t]): a reward by that use, whatever it is called", capability="C3",
-                style="functional"),
-        Invalid(_TD_REWARD.format(sign="", discount=" * (1 - done[:, t])"), line=6,
+                    "V[:, t + 1] - V[:, t]): a reward by that use, whatever it is called; reported where the KL "
+                    "enters it, once (not again at the copy)", capability="C3", style="functional"),
+        Invalid(_TD_REWARD.format(sign="", discount=" * (1 - done[:, t])"), line=5,
                 why="the same TD error with the next value cut at episode ends (a (1 - done) factor)",
                 capability="C3", style="functional"),
     ]
@@ -535,6 +536,7 @@ def _reward_terms(ctx: Analysis) -> Iterator[Violation]:
     def stop(expr, frame):
         return quantity.sign("kl", expr, frame) is not None
 
+    reported: set[int] = set()
     for stmt in ctx.nodes(cst.Assign, cst.AugAssign):
         for d in ctx.index.stmt_defs.get(id(stmt), ()):
             if d.kind not in ("assign", "aug") or d.element is not None:
@@ -571,11 +573,25 @@ def _reward_terms(ctx: Analysis) -> Iterator[Violation]:
                 continue
             for sign, operand, net in kl_terms:
                 if sign * net > 0:
+                    if _copies_reported(ctx, operand, reported):
+                        continue  # `rewards = shaped.clone()` of a value reported where it was computed: one fault
+                    reported.add(id(d))
                     node = operand if not isinstance(stmt, cst.AugAssign) else stmt
                     yield Violation(node, "the KL penalty is added to the reward, so the policy is paid to move away "
                                           "from the reference; subtract it: reward - beta * (logp - ref_logp)",
                                     flip(stmt, value, operand) if not isinstance(stmt, cst.AugAssign) or
                                     operand is stmt.value else [], preview=not _reward_by_interface(ctx, d))
+
+
+def _copies_reported(ctx: Analysis, operand: cst.BaseExpression, reported: set[int]) -> bool:
+    """Whether ``operand`` is a name, or a copy of one (``x.clone()``, ``x.detach()``), that only definitions
+    already reported reach."""
+    while isinstance(operand, cst.Call) and ctx.method(operand) in COPY_METHODS and S.receiver(operand) is not None:
+        operand = S.receiver(operand)
+    if not isinstance(operand, cst.Name):
+        return False
+    defs = ctx.flow.reaching(operand.value, operand)
+    return bool(defs) and all(id(x) in reported for x in defs)
 
 
 # Interface names (keywords, parameters, string keys: not renamed with a file's locals) that hold a reward value.
