@@ -29,6 +29,11 @@ class DetachedTargets(Rule):
     `torch.set_grad_enabled(False)`, outside a function decorated with one of them (or only called under
     one), and with no `.detach()` along the way. This includes values derived from tensors that carry grad,
     such as `advantages = returns - values` where `values` come from the value head in the same function.
+    A forward of a frozen model carries no grad and is not reported: frozen by `requires_grad_(False)` or a loop
+    setting `p.requires_grad = False` over its parameters, built by TRL's `create_reference_model(model)`, or
+    handed in as a parameter that every call in the module passes a frozen model. Log-probs are the reference's
+    when the model is named or handed in as the reference, or when it is a deep copy of the model the module
+    trains (`ref = copy.deepcopy(model)` beside `Adam(model.parameters())`) that is not trained itself.
 
     ## Why it is wrong
     These tensors are *targets*: constants of the loss. With grad on, the gradient also flows through them:
@@ -80,7 +85,9 @@ class DetachedTargets(Rule):
                      "a forward assumed through a method of a model whose code is out of view "
                      "(`ref.compute_logp(batch)` may run under no_grad or behind an RPC layer)",
                      "log-probs known as the reference's by the model that computes them (a reference is usually "
-                     "frozen by its builder, often in another file, and then no gradient flows)")
+                     "frozen by its builder, often in another file, and then no gradient flows; stable when the "
+                     "reference is a deep copy of the trained model built in the module, never frozen and never "
+                     "handed to code out of view)")
     VALID = [
         Valid("def sft_anchor(model, ref_model, ids, labels, beta):\n"
               "    with torch.no_grad():\n"

@@ -87,6 +87,12 @@ class KlSign(Rule):
     A KL to the *old* (behaviour) policy estimated from its samples, `old_logp - logp`, is `KL(old || cur)`'s k1
     estimate and is not judged against the reference convention.
 
+    The roles also come from how values are made and used, not only from names: the log-softmax of the scores a
+    generation call returned (`generate(..., output_scores=True)`, then `out.scores`) is the sampling policy's
+    log-probs, the policy's side of a KL to the reference; a value that a one-step TD error reads as its reward
+    (`r[:, t] + gamma * V[:, t + 1] - V[:, t]`), itself or through a copy, is a reward. A reward copied from a
+    value already reported is not reported again.
+
     ## Why it is wrong
     The KL term keeps the policy near the reference model. With the wrong sign it *rewards* moving away: the KL to
     the reference grows every step instead of staying in its band, the adaptive KL controller (if any) raises its
