@@ -235,6 +235,7 @@ class Models:
         self._trained: frozenset | None = None
         self._frozen: frozenset | None = None
         self._called: frozenset | None = None
+        self._deep_copies: bool | None = None
 
     def roots(self, expr: cst.BaseExpression, frame: Frame | None = None) -> frozenset:
         value = self.objs.value(expr, frame)
@@ -359,14 +360,26 @@ class Models:
             self._frozen = frozenset(found)
         return bool(ref.roots & self._frozen)
 
-    def built_here_and_trainable(self, ref: ModelRef) -> bool:
-        """Whether the model's weights visibly require grad: every root is an object built in this module (a deep
-        copy, a constructor, ``from_pretrained``), nothing here freezes it, and it is never handed to code that
-        could (any call taking it as an argument, other than a wrapper that hands it back, ``self._wrap_model(m)``):
-        a reference made by ``copy.deepcopy(model)`` and only put in eval mode. A model handed in, or handed out,
-        may be frozen where the linter cannot see."""
-        if not ref.roots or not all(k.startswith("new@") for k in ref.roots) or self.is_frozen(ref):
+    def makes_deep_copies(self) -> bool:
+        """Whether the module calls ``copy.deepcopy`` (cached): a cheap necessary condition for
+        :meth:`trainable_copy` anywhere in it."""
+        if self._deep_copies is None:
+            self._deep_copies = any(self.a.call_name(c) in S.DEEP_COPY for c in self.a.nodes(cst.Call))
+        return self._deep_copies
+
+    def trainable_copy(self, ref: ModelRef) -> bool:
+        """Whether the model's weights visibly require grad: every root is a deep copy made in this module
+        (``copy.deepcopy(model)``), nothing here freezes it, and it is never handed to code that could (any call
+        taking it as an argument, other than a wrapper that hands it back, ``self._wrap_model(m)``): a reference
+        made by a deep copy and only put in eval mode. A model handed in, or handed out, may be frozen where the
+        linter cannot see."""
+        if not ref.roots or not self.makes_deep_copies() or self.is_frozen(ref):
             return False
+        for key in ref.roots:
+            call = self.objs.facet.calls.get(int(key.split("@", 1)[1].split("#", 1)[0])) if key.startswith("new@") \
+                else None
+            if call is None or self.a.call_name(call) not in S.DEEP_COPY:
+                return False
         for call in self.a.nodes(cst.Call):
             name = self.a.call_name(call) or ""
             if S.SAME_MODULE_CALL.fullmatch(name.rsplit(".", 1)[-1]) or name in S.SAME_MODULE_FUNCTIONS or \

@@ -496,17 +496,20 @@ class DetachedTargets(Rule):
             if role is None and by_use is not None:
                 role = by_use
             logp_named = role is None and _logp_named(element)
-            if role is None and not logp_named and not ctx.preview and not _computes_logprobs(ctx, stmt.value):
-                continue  # no role, and nothing computes log-probs here: the forwards are not traced for it
+            if role is None and not logp_named and not ctx.preview and not (
+                    models(ctx).makes_deep_copies() and _computes_logprobs(ctx, stmt)):
+                # no role, and no log-probs computed here of a model that could be a trainable deep copy of the
+                # policy (the stable finding that needs no name): the forwards are not traced for it
+                continue
             # forwards that carry gradient into trained weights (a reward model's output is not trained)
             live = [o for o in forwards_of_def(ctx, d, grad=True) if o.model is None or o.model.role != "reward"]
             by_provenance = by_use is None and _reference_logprobs(live)
             # log-probs that only forwards of the reference model compute. A preview part, unless the reference is
-            # built here and visibly trainable: a reference is usually frozen by its builder (`requires_grad = False`
+            # a deep copy made here and visibly trainable: a reference is usually frozen by its builder (`requires_grad = False`
             # over its parameters, often in another file), and then no gradient flows whatever the context; the
             # ecosystem shows that case (grpo-flat)
             shown_by_provenance = by_provenance and all(o.model is not None and
-                                                        models(ctx).built_here_and_trainable(o.model) for o in live)
+                                                        models(ctx).trainable_copy(o.model) for o in live)
             if by_provenance:
                 role = role or "ref_logp"
                 logp_named = False
@@ -565,17 +568,23 @@ def _detached_later(ctx: Analysis, d: Def) -> bool:
     return False
 
 
-def _computes_logprobs(ctx: Analysis, value: cst.BaseExpression) -> bool:
-    """Whether the assigned expression itself computes log-probs (a log-softmax, a cross-entropy, a gather, a
-    log-prob helper out of view): what the value is then follows from the model it is computed from."""
-    for call in ctx.index.descendants(value, cst.Call) if not isinstance(value, cst.Call) else \
-            [value, *ctx.index.descendants(value, cst.Call)]:
-        name = ctx.call_name(call) or ""
-        method = ctx.method(call)
-        if name in LOG_SOFTMAX or name in CROSS_ENTROPY or name in GATHER or method in ("log_softmax", "gather") or \
-                (LOGPROB_HELPER.fullmatch(name.rsplit(".", 1)[-1]) and ctx.callee(call) is None):
-            return True
-    return False
+def _computes_logprobs(ctx: Analysis, stmt: cst.CSTNode) -> bool:
+    """Whether the assignment itself computes log-probs (a log-softmax, a cross-entropy, a gather, a log-prob
+    helper out of view): what the value is then follows from the model it is computed from."""
+    def build(an: Analysis) -> frozenset[int]:
+        found = set()
+        for call in an.nodes(cst.Call):
+            func = call.func
+            last = func.attr.value if type(func) is cst.Attribute else (func.value if type(func) is cst.Name else "")
+            if last not in ("log_softmax", "gather", "cross_entropy", "nll_loss", "take_along_dim") and \
+                    not LOGPROB_HELPER.fullmatch(last):
+                continue  # the cheap test on the called name first
+            name = an.call_name(call) or ""
+            if name in LOG_SOFTMAX or name in CROSS_ENTROPY or name in GATHER or an.method(call) in (
+                    "log_softmax", "gather") or (LOGPROB_HELPER.fullmatch(last) and an.callee(call) is None):
+                found.add(id(an.index.statement_of(call)))
+        return frozenset(found)
+    return id(stmt) in ctx.facet("logprob_statements", build)
 
 
 def _logp_named(target: cst.BaseExpression) -> bool:
