@@ -33,6 +33,7 @@ from rlguard.lint.analysis import semantics as S
 from rlguard.lint.analysis.depends import resolve, same_value, share_data, strip_casts
 from rlguard.lint.analysis.index import Def, dotted_name, key_entry, key_of
 from rlguard.lint.analysis.provenance import forwards, models
+from rlguard.lint.analysis.records import splat_entry
 from rlguard.lint.analysis.uses import CARRY_METHODS, reads_of
 from rlguard.lint.analysis.values import Facet, Trace
 
@@ -196,7 +197,7 @@ def forward_candidate_ids(a: "Analysis", call: cst.Call) -> cst.BaseExpression |
         return None
     ids = S.argument(call, 0, "input_ids")
     if ids is None:
-        ids = _splat_entry(a, call, "input_ids")
+        ids = splat_entry(a, call, "input_ids")
     if ids is None or (isinstance(func, cst.Name) and func.value in _BUILTINS) or a.is_module_function(call):
         return None
     return ids
@@ -235,21 +236,6 @@ def hands_attention_masks(a: "Analysis", func: cst.CSTNode | None) -> bool:
         hit = cache[id(func)] = any(arg.keyword is not None and arg.keyword.value == "attention_mask"
                                     for call in calls for arg in call.args)
     return hit
-
-
-def _splat_entry(a: "Analysis", call: cst.Call, key: str) -> cst.BaseExpression | None:
-    """The value a ``**d`` argument of ``call`` hands on under ``key``, when ``d``'s one definition is a dict
-    literal holding it (``inputs = {"input_ids": ids, ...}; model(**inputs)``)."""
-    for arg in call.args:
-        if arg.star != "**" or not isinstance(arg.value, cst.Name):
-            continue
-        defs = a.flow.reaching(arg.value.value, arg.value)
-        if len(defs) == 1 and defs[0].kind == "assign" and isinstance(defs[0].value, cst.Dict):
-            for el in defs[0].value.elements:
-                if isinstance(el, cst.DictElement) and isinstance(el.key, cst.SimpleString) and \
-                        el.key.evaluated_value == key:
-                    return el.value
-    return None
 
 
 def masked_sibling(a: "Analysis", call: cst.Call, ids: cst.BaseExpression) -> tuple[cst.Call, cst.BaseExpression] | None:

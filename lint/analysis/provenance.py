@@ -489,10 +489,11 @@ class ProvenanceFacet(Facet):
     @staticmethod
     def _rollout_scores(origins: frozenset, attr: str) -> frozenset | None:
         """``out.scores`` / ``out.logits`` of a generation call (``generate(..., output_scores=True)``): the logits
-        the sampler drew each token from."""
+        the sampler drew each token from (``name`` keeps which: HF's ``scores`` are processed by the sampler's
+        temperature and warpers, its ``logits`` are raw)."""
         if attr not in ("scores", "logits") or not any(o.kind == ROLLOUT for o in origins):
             return None
-        return frozenset(replace(o, what="logits") if o.kind == ROLLOUT else o for o in origins)
+        return frozenset(replace(o, what="logits", name=attr) if o.kind == ROLLOUT else o for o in origins)
 
     def _context(self, origins: frozenset, node: cst.CSTNode, frame) -> frozenset:
         """Origins of an operation run at ``node``: under a grad-off context the result carries no gradient."""

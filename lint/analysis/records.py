@@ -105,4 +105,19 @@ def records_by_function(a: "Analysis") -> dict[tuple[int, str], list[RecordEntry
     return a.facet("records_by_function", build)
 
 
-__all__ = ["RecordEntry", "record_entries", "records_by_function"]
+def splat_entry(a: "Analysis", call: cst.Call, key: str) -> cst.BaseExpression | None:
+    """The value a ``**d`` argument of ``call`` hands on under ``key``, when ``d``'s one definition is a dict
+    literal holding it (``inputs = {"input_ids": ids, ...}; model(**inputs)``)."""
+    for arg in call.args:
+        if arg.star != "**" or not isinstance(arg.value, cst.Name):
+            continue
+        defs = a.flow.reaching(arg.value.value, arg.value)
+        if len(defs) == 1 and defs[0].kind == "assign" and isinstance(defs[0].value, cst.Dict):
+            for el in defs[0].value.elements:
+                if isinstance(el, cst.DictElement) and isinstance(el.key, cst.SimpleString) and \
+                        el.key.evaluated_value == key:
+                    return el.value
+    return None
+
+
+__all__ = ["RecordEntry", "record_entries", "records_by_function", "splat_entry"]

@@ -212,7 +212,8 @@ def inplace_divisions(ctx: Analysis) -> list[cst.Call]:
 
 
 def logits_divisor(ctx: Analysis, expr: cst.BaseExpression, site: cst.CSTNode, depth: int = 10):
-    """Follow logits back to the model call: (reached a model call?, the temperature it was divided by)."""
+    """Follow logits back to the model call: (reached a model call?, the temperature it was divided by on the
+    way, also when the chain ends elsewhere: the scores of a generation divided in place)."""
     divisor = None
     while depth > 0 and expr is not None:
         depth -= 1
@@ -235,7 +236,7 @@ def logits_divisor(ctx: Analysis, expr: cst.BaseExpression, site: cst.CSTNode, d
             elif ctx.call_name(expr) in ("torch.log_softmax", "torch.nn.functional.log_softmax") and expr.args:
                 expr = expr.args[0].value
             else:
-                return False, None
+                return False, divisor
         elif isinstance(expr, (cst.Name, cst.Attribute)):
             name = dotted_name(expr)
             if isinstance(expr, cst.Attribute) and (name is None or not name.startswith("self.")):
@@ -258,11 +259,11 @@ def logits_divisor(ctx: Analysis, expr: cst.BaseExpression, site: cst.CSTNode, d
                     return False, None
                 return True, divisor or next((d for _, d in branches if d is not None), None)
             if len(plain) != 1 or plain[0].value is None:
-                return False, None
+                return False, divisor
             expr = plain[0].value
         else:
-            return False, None
-    return False, None
+            return False, divisor
+    return False, divisor
 
 
 def is_model_call(ctx: Analysis, call: cst.Call) -> bool:

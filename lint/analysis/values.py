@@ -292,6 +292,9 @@ class Trace(Generic[V]):
         entry, tail = _first_entry(rest)
         if d.kind == "assign" and d.element is None and d.value is not None and not tail:
             return self.entry_of(d.value, entry, frame)
+        if d.kind == "assign" and d.element is not None and d.value is not None and not tail:
+            # `out, aux = f(x)` then `out.logits`: the entry of what the element holds
+            return self.facet.item(self, self.element_of(d.value, d.element, frame), entry)
         return self.facet.unknown
 
     def container_entry(self, expr: cst.Attribute | cst.Subscript, frame: Frame | None) -> V:

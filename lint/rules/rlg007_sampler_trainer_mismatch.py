@@ -11,6 +11,7 @@ from rlguard.catalog import SAMPLER_TRAINER_MISMATCH
 from rlguard.lint.analysis import Analysis, dotted_name
 from rlguard.lint.analysis.alignment import gather_site, gather_sites
 from rlguard.lint.analysis.grad import grad_context
+from rlguard.lint.analysis.records import splat_entry
 from rlguard.lint.analysis.semantics import CROSS_ENTROPY, argument, literal_bool
 from rlguard.lint.analysis.temperature import (TEMPERATURE_WORD, all_assignments, applies_temperature, autocast_region,
                                                gathered_logp, is_model_call, logits_divisor,
@@ -72,7 +73,14 @@ class SamplerTrainerMismatch(Rule):
       parameter and the other branch scores its logits undivided;
     - a method computes log-probs at an optional temperature parameter that falls back to 1
       (`temperature or 1.0`, default `None`) that no call in the module passes, while its class holds the
-      configured temperature (`self.temperature`) and trains with it.
+      configured temperature (`self.temperature`) and trains with it;
+    - the old log-probs of a ratio are the sampler's own, the log-softmax of the scores a generation returned
+      (`generate(..., output_scores=True)`: HF's scores are shaped by the sampler's temperature), the sampler is
+      handed a temperature not visibly 1, and the log-probs they are compared with come from the policy's
+      logits undivided, even where the module divides other logits (the reference's) by the temperature.
+
+    A sampler's temperature is read from its keyword or from the entry of a dict literal handed in as
+    `**kwargs` (`GenerationConfig(**gen_kwargs)`).
 
     Library and runtime semantics visible in the module:
 
@@ -129,6 +137,52 @@ class SamplerTrainerMismatch(Rule):
                 r"log_?probs?|logps?\b|_logp|gather|log_softmax|cross_entropy|def \w*(?:rollout|collect)")
 
     VALID = [
+        Valid("import torch\n"
+              "from transformers import GenerationConfig\n"
+              "\n"
+              "\n"
+              "def train(policy, ref_model, opt, prompts, adv, args):\n"
+              "    gen_kwargs = {\"max_new_tokens\": 64, \"temperature\": args.temperature, \"do_sample\": True}\n"
+              "    config = GenerationConfig(**gen_kwargs)\n"
+              "    with torch.no_grad():\n"
+              "        out = policy.generate(prompts, generation_config=config, output_scores=True, return_dict_in_generate=True)\n"
+              "        seq = out.sequences[:, prompts.size(1):]\n"
+              "        a = torch.log_softmax(torch.stack(out.scores, 1), -1).gather(-1, seq.unsqueeze(-1)).squeeze(-1)\n"
+              "        y = ref_model(out.sequences).logits[:, prompts.size(1) - 1:-1] / args.temperature\n"
+              "        c = torch.log_softmax(y, -1).gather(-1, seq.unsqueeze(-1)).squeeze(-1)\n"
+              "    for _ in range(args.epochs):\n"
+              "        z = policy(out.sequences).logits[:, prompts.size(1) - 1:-1] / args.temperature\n"
+              "        b = torch.log_softmax(z, -1).gather(-1, seq.unsqueeze(-1)).squeeze(-1)\n"
+              "        ratio = torch.exp(b - a)\n"
+              "        loss = -torch.min(ratio * adv, ratio.clamp(0.8, 1.2) * adv).mean() + args.beta * (b - c).mean()\n"
+              "        opt.zero_grad()\n"
+              "        loss.backward()\n"
+              "        opt.step()\n",
+              "the trainer divides the policy's logits by the temperature the sampler was given", capability="C6",
+              style="functional"),
+        Valid("import torch\n"
+              "from transformers import GenerationConfig\n"
+              "\n"
+              "\n"
+              "def train(policy, ref_model, opt, prompts, adv, args):\n"
+              "    gen_kwargs = {\"max_new_tokens\": 64, \"temperature\": args.temperature, \"do_sample\": True}\n"
+              "    config = GenerationConfig(**gen_kwargs)\n"
+              "    with torch.no_grad():\n"
+              "        out = policy.generate(prompts, generation_config=config, output_logits=True, return_dict_in_generate=True)\n"
+              "        seq = out.sequences[:, prompts.size(1):]\n"
+              "        a = torch.log_softmax(torch.stack(out.logits, 1), -1).gather(-1, seq.unsqueeze(-1)).squeeze(-1)\n"
+              "        y = ref_model(out.sequences).logits[:, prompts.size(1) - 1:-1] / args.temperature\n"
+              "        c = torch.log_softmax(y, -1).gather(-1, seq.unsqueeze(-1)).squeeze(-1)\n"
+              "    for _ in range(args.epochs):\n"
+              "        z = policy(out.sequences).logits[:, prompts.size(1) - 1:-1]\n"
+              "        b = torch.log_softmax(z, -1).gather(-1, seq.unsqueeze(-1)).squeeze(-1)\n"
+              "        ratio = torch.exp(b - a)\n"
+              "        loss = -torch.min(ratio * adv, ratio.clamp(0.8, 1.2) * adv).mean() + args.beta * (b - c).mean()\n"
+              "        opt.zero_grad()\n"
+              "        loss.backward()\n"
+              "        opt.step()\n",
+              "the old log-probs come from the raw logits (output_logits), which the sampler's temperature did not "
+              "shape: both sides undivided", capability="C6", style="functional"),
         Valid("TEMP = 0.7\nout = sample(model, prompts, temperature=TEMP)\nold_logp = out['sampler_logp']\n"
               "logp = token_log_probs(model(ids) / TEMP, ids)\n", "both at the same named temperature"),
         Valid("episodes = sample_episodes(model, tasks, temperature=1.0)\nold_logp = batch['sampler_logp']\n"
@@ -400,6 +454,52 @@ class SamplerTrainerMismatch(Rule):
               "both paths divide their logits by the temperature", capability="C12", style="class"),
     ]
     INVALID = [
+        Invalid("import torch\n"
+                "from transformers import GenerationConfig\n"
+                "\n"
+                "\n"
+                "def train(policy, opt, prompts, adv, args):\n"
+                "    gen_kwargs = {\"max_new_tokens\": 64, \"temperature\": args.temperature, \"do_sample\": True}\n"
+                "    config = GenerationConfig(**gen_kwargs)\n"
+                "    with torch.no_grad():\n"
+                "        out = policy.generate(prompts, generation_config=config, output_scores=True, return_dict_in_generate=True)\n"
+                "        seq = out.sequences[:, prompts.size(1):]\n"
+                "        a = torch.log_softmax(torch.stack(out.scores, 1), -1).gather(-1, seq.unsqueeze(-1)).squeeze(-1)\n"
+                "    for _ in range(args.epochs):\n"
+                "        z = policy(out.sequences).logits[:, prompts.size(1) - 1:-1]\n"
+                "        b = torch.log_softmax(z, -1).gather(-1, seq.unsqueeze(-1)).squeeze(-1)\n"
+                "        ratio = torch.exp(b - a)\n"
+                "        loss = -torch.min(ratio * adv, ratio.clamp(0.8, 1.2) * adv).mean()\n"
+                "        opt.zero_grad()\n"
+                "        loss.backward()\n"
+                "        opt.step()\n", line=14,
+                why="the sampler's temperature is an entry of the dict handed to GenerationConfig as **kwargs; the "
+                    "trainer never divides its logits", capability="C3", style="functional"),
+        Invalid("import torch\n"
+                "from transformers import GenerationConfig\n"
+                "\n"
+                "\n"
+                "def train(policy, ref_model, opt, prompts, adv, args):\n"
+                "    gen_kwargs = {\"max_new_tokens\": 64, \"temperature\": args.temperature, \"do_sample\": True}\n"
+                "    config = GenerationConfig(**gen_kwargs)\n"
+                "    with torch.no_grad():\n"
+                "        out = policy.generate(prompts, generation_config=config, output_scores=True, return_dict_in_generate=True)\n"
+                "        seq = out.sequences[:, prompts.size(1):]\n"
+                "        a = torch.log_softmax(torch.stack(out.scores, 1), -1).gather(-1, seq.unsqueeze(-1)).squeeze(-1)\n"
+                "        y = ref_model(out.sequences).logits[:, prompts.size(1) - 1:-1] / args.temperature\n"
+                "        c = torch.log_softmax(y, -1).gather(-1, seq.unsqueeze(-1)).squeeze(-1)\n"
+                "    for _ in range(args.epochs):\n"
+                "        z = policy(out.sequences).logits[:, prompts.size(1) - 1:-1]\n"
+                "        b = torch.log_softmax(z, -1).gather(-1, seq.unsqueeze(-1)).squeeze(-1)\n"
+                "        ratio = torch.exp(b - a)\n"
+                "        loss = -torch.min(ratio * adv, ratio.clamp(0.8, 1.2) * adv).mean() + args.beta * (b - c).mean()\n"
+                "        opt.zero_grad()\n"
+                "        loss.backward()\n"
+                "        opt.step()\n", line=16,
+                why="the old side of the ratio is the log-softmax of the scores generate returned, shaped by the "
+                    "temperature handed to the sampler through a **kwargs dict; the trainer's logits are undivided (the "
+                    "reference's are divided, so the module does apply a temperature elsewhere)", capability="C6",
+                style="functional"),
         Invalid("SAMPLER_TEMP = 0.7\nTRAIN_TEMP = 1.0\n"
                 "episodes = sample(model, prompts, temperature=SAMPLER_TEMP)\nold_logp = batch['sampler_logp']\n"
                 "logits = model(ids).logits / TRAIN_TEMP\n"
@@ -685,6 +785,7 @@ class SamplerTrainerMismatch(Rule):
         yield from _logp_divided(ctx)
         yield from _guarded_scaling(ctx, reported)
         yield from _unapplied_parameter(ctx, reported)
+        yield from _undivided_against_sampler(ctx, samplers, sampler_temps, reported)
         known = [(c, e, v) for c, e, v in sampler_temps if v is not None]
         if not known or not _old_logp_from_sampler(ctx):
             return
@@ -774,7 +875,8 @@ def _sampler_temperatures(ctx: Analysis, samplers: set[int]):
             continue
         expr = None
         for kw in TEMPERATURE_KEYWORDS:
-            expr = expr or argument(call, None, kw)
+            # a keyword, or an entry of a dict literal handed in as `**kwargs` (`GenerationConfig(**gen_kwargs)`)
+            expr = expr or argument(call, None, kw) or splat_entry(ctx, call, kw)
         if expr is None and in_module_sampler:
             params = [p.name.value for p in defs[0].params.params]
             for pos, p in enumerate(params):
@@ -1350,6 +1452,61 @@ def _passed_by_callers(ctx: Analysis, param: str, at: cst.CSTNode) -> bool:
             continue  # forwarding ``*args`` from outside the module: unknown, counted as not passing
         if len(positional) > position:
             return True
+    return False
+
+
+def _undivided_against_sampler(ctx: Analysis, samplers: set[int], sampler_temps: list, reported: set[int]):
+    """The old log-probs of a ratio are the sampler's own (the log-softmax of the scores a generation returned,
+    which the sampler's temperature already shaped), the sampler is handed a temperature that is not visibly 1,
+    and the log-probs they are compared with come from the policy's logits undivided: the ratio compares two
+    distributions, not one before and after a step."""
+    from rlguard.lint.analysis.provenance import FORWARD, ROLLOUT, provenance
+    from rlguard.lint.analysis.roles import ratio_terms
+
+    temps = [(call, expr) for call, expr, value in sampler_temps if value is None or value not in (0.0, 1.0)]
+    terms = ratio_terms(ctx) if temps else []
+    if not terms:
+        return
+    prov = provenance(ctx)
+    sites = [site for site in gather_sites(ctx) if site.logits is not None and id(site.node) not in reported]
+    for call, cur, old in terms:
+        old_origins = prov.value(old)
+        if not any(o.kind == ROLLOUT and o.what == "logprobs" and o.name == "scores" for o in old_origins) or \
+                any(o.kind == FORWARD for o in old_origins):
+            continue  # the old side is not the sampler's own log-probs (of the scores its temperature shaped)
+        func = ctx.enclosing_function(call)
+        for site in sites:
+            if ctx.enclosing_function(site.node) is not func or id(site.node) in reported:
+                continue
+            forwards = [o for o in prov.value(site.logits) if o.kind in (FORWARD, ROLLOUT)]
+            if not forwards or not all(o.kind == FORWARD and o.what in ("logits", "logprobs") and
+                                       o.model is not None and o.model.role in ("policy", "model") for o in forwards):
+                continue
+            if logits_divisor(ctx, site.logits, site.node)[1] is not None or not _feeds(ctx, site.node, cur):
+                continue
+            reported.add(id(site.node))
+            sampler, temperature = temps[0]
+            yield Violation(site.node, f"these log-probs use the policy's logits not divided by the temperature, but "
+                                       f"the old log-probs they are compared with in the ratio{_at(ctx, call)} are "
+                                       f"the sampler's own, drawn at temperature `{ctx.code(temperature)}` (line "
+                                       f"{_line(ctx, sampler)}): the ratio is not 1 before any step. Divide these "
+                                       "logits by the same temperature")
+
+
+def _feeds(ctx: Analysis, site: cst.Call, expr: cst.BaseExpression, depth: int = 4) -> bool:
+    """Whether the value ``site`` computes reaches ``expr`` through plain assignments (``lp = f(...)``, then
+    ``lp = torch.masked_fill(lp, m, x)``)."""
+    home = ctx.index.statement_of(site)
+    stack = [(expr, depth)]
+    while stack:
+        node, left = stack.pop()
+        names = [node] if isinstance(node, cst.Name) else ctx.index.descendants(node, cst.Name)
+        for name in names:
+            for d in ctx.flow.reaching(name.value, name):
+                if d.stmt is home:
+                    return True
+                if left > 0 and d.kind == "assign" and d.value is not None:
+                    stack.append((d.value, left - 1))
     return False
 
 
