@@ -1,4 +1,5 @@
-"""Temporal-difference structure: which values a one-step TD error reads as its reward.
+"""Temporal-difference structure: which values a one-step TD error reads as its reward, and which value an
+advantage is computed from (the minuend of ``returns - values``).
 
 A TD error (the heart of GAE) is ``r_t + gamma * V_{t+1} - V_t``: the same value tensor read at step ``t + 1``
 (scaled by a discount) and at step ``t`` (subtracted), and one more term, the reward at step ``t``:
@@ -129,3 +130,78 @@ def enters_td_reward(a: "Analysis", d) -> bool:
         if wanted and any(id(r) in wanted for r in reads_of(a, b)):
             return True
     return False
+
+
+# single-tensor steps that keep what a value is (a reshape, a copy, an einops rearrangement)
+_SAME_VALUE_CALLS = frozenset({"rearrange", "view", "reshape", "unsqueeze", "squeeze", "flatten", "expand",
+                               "expand_as", "repeat"}) | COPY_METHODS
+
+
+def advantage_minuend(a: "Analysis", d, depth: int = 2) -> bool:
+    """Whether the value bound by ``d`` is what an advantage is computed from: the minuend of ``x - b`` whose
+    result (normalised or not) is bound to a value that weighs a PPO clip or meets an interface named for
+    advantages (``advantages = masked_normalize(rewards - old_values)``). The baseline is subtracted from the
+    return or reward, whatever each is called; a reshape or copy on the way keeps the value
+    (``rewards = rearrange(rewards, 'b -> b 1')``)."""
+    from rlguard.lint.analysis.roles import target_role_by_use
+
+    if "." in d.key or "[" in d.key:
+        return False
+    for read in reads_of(a, d):
+        node, parent = read, a.index.parent_of(read)
+        if isinstance(parent, cst.Arg):
+            parent = a.index.parent_of(parent)
+        step = _same_value_step(a, node, parent)
+        if step is not None:
+            if depth > 0 and any(advantage_minuend(a, b, depth - 1) for b in _bound_by(a, step)):
+                return True
+            continue
+        if not (isinstance(parent, cst.BinaryOperation) and isinstance(parent.operator, cst.Subtract)
+                and parent.left is node):
+            continue
+        if any(_advantages(a, b, target_role_by_use) for b in _bound_by(a, _whole_value(a, parent))):
+            return True
+    return False
+
+
+def _whole_value(a: "Analysis", node):
+    """The whole expression ``node`` is computed into, through calls and arithmetic (a normalisation, a division
+    by a standard deviation)."""
+    for _ in range(5):
+        up = a.index.parent_of(node)
+        if isinstance(up, cst.Arg):
+            up = a.index.parent_of(up)
+        if not isinstance(up, (cst.Call, cst.BinaryOperation, cst.UnaryOperation)):
+            break
+        node = up
+    return node
+
+
+def _advantages(a: "Analysis", d, role_by_use, depth: int = 2) -> bool:
+    """Whether ``d`` binds the advantages by use, itself or through what is computed from it
+    (``adv = r - v`` then ``adv = (adv - adv.mean()) / adv.std()``, the normalised value weighing the clip)."""
+    if role_by_use(a, d) == "advantages":
+        return True
+    return depth > 0 and any(_advantages(a, b, role_by_use, depth - 1)
+                             for read in reads_of(a, d) for b in _bound_by(a, _whole_value(a, read)))
+
+
+def _same_value_step(a: "Analysis", node, parent) -> cst.Call | None:
+    """``parent`` when it is a call that hands ``node``'s value on reshaped or copied (``rearrange(x, ...)``,
+    ``x.view(...)``, ``x.clone()``)."""
+    if not isinstance(parent, cst.Call):
+        return None
+    func = parent.func
+    if isinstance(func, cst.Attribute) and func.value is node and func.attr.value in _SAME_VALUE_CALLS:
+        return parent
+    if isinstance(func, cst.Name) and func.value in _SAME_VALUE_CALLS and parent.args and parent.args[0].value is node:
+        return parent
+    return None
+
+
+def _bound_by(a: "Analysis", value) -> list:
+    """The plain bindings of the statement whose whole value is ``value``."""
+    stmt = a.index.parent_of(value)
+    if not isinstance(stmt, cst.Assign) or stmt.value is not value:
+        return []
+    return [b for b in a.index.stmt_defs.get(id(stmt), ()) if b.kind == "assign" and b.element is None]

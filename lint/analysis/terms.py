@@ -101,8 +101,10 @@ class Quantities:
                     return None
                 found.add(self.sign(kind, bound[0], bound[1], depth - 1))
             elif d.kind == "assign" and d.element is None and d.value is not None and d.key == key:
-                if isinstance(d.value, cst.Name) and d.value.value == "None":
-                    continue  # `entropy = None` before the branches that compute it: no value that reaches a sum
+                if isinstance(d.value, cst.Name) and d.value.value == "None" or S.number_value(d.value) == 0:
+                    # `entropy = None` / `kl_penalty = 0.` before the branch that computes it (the term switched
+                    # off): no signed value that reaches a sum
+                    continue
                 found.add(self.sign(kind, d.value, frame, depth - 1))
             elif d.kind == "assign" and d.element is not None and isinstance(d.value, cst.Call) and d.key == key:
                 found.add(self._returned_element(kind, d.value, d.element, frame, depth))

@@ -11,7 +11,7 @@ from rlguard.catalog import KL_SIGN
 from rlguard.lint.analysis import Analysis
 from rlguard.lint.analysis.groups import grouped_later
 from rlguard.lint.analysis import semantics as S
-from rlguard.lint.analysis.returns import COPY_METHODS, enters_td_reward
+from rlguard.lint.analysis.returns import COPY_METHODS, advantage_minuend, enters_td_reward
 from rlguard.lint.analysis.index import key_entry, key_of
 from rlguard.lint.analysis.roles import interface_names
 from rlguard.lint.analysis.losses import flip, top_terms
@@ -137,6 +137,28 @@ class KlSign(Rule):
                      "rewards keyword, parameter or string key, is stored under one (`batch['token_level_rewards'] "
                      "= ...`), or is what a rewards function returns)")
     VALID = [
+        Valid("def kl_div(p, q, mask):\n"
+              "    return ((p * (p.log() - q.log())).sum(-1) * mask).sum(-1) / mask.sum(-1)\n"
+              "\n"
+              "\n"
+              "class Learner:\n"
+              "    def update(self, ids, mask, old_probs, old_lp, old_values, r, eps):\n"
+              "        logits = self.actor(ids).logits[:, :-1]\n"
+              "        lp = torch.log_softmax(logits, -1).gather(-1, ids[:, 1:, None]).squeeze(-1).sum(-1)\n"
+              "        with torch.no_grad():\n"
+              "            pen = 0.0\n"
+              "            if self.kl_weight > 0:\n"
+              "                pen = kl_div(old_probs, logits.softmax(-1), mask) * self.kl_weight\n"
+              "            r = r - pen\n"
+              "            a = r - old_values\n"
+              "            a = (a - a.mean()) / (a.std() + 1e-8)\n"
+              "        ratios = (lp - old_lp).exp()\n"
+              "        loss = -torch.min(ratios * a, ratios.clamp(1 - eps, 1 + eps) * a).mean()\n"
+              "        self.opt.zero_grad()\n"
+              "        loss.backward()\n"
+              "        self.opt.step()\n",
+              "a KL penalty (0 when switched off) subtracted from the value the advantages are computed from",
+              capability="C3", style="class"),
         Valid("def pad_rows(rows, value):\n"
               "    out = torch.full((len(rows), max(r.size(0) for r in rows), rows[0].size(-1)), value)\n"
               "    for i, r in enumerate(rows):\n"
@@ -285,6 +307,29 @@ class KlSign(Rule):
               style="functional"),
     ]
     INVALID = [
+        Invalid("def kl_div(p, q, mask):\n"
+                "    return ((p * (p.log() - q.log())).sum(-1) * mask).sum(-1) / mask.sum(-1)\n"
+                "\n"
+                "\n"
+                "class Learner:\n"
+                "    def update(self, ids, mask, old_probs, old_lp, old_values, r, eps):\n"
+                "        logits = self.actor(ids).logits[:, :-1]\n"
+                "        lp = torch.log_softmax(logits, -1).gather(-1, ids[:, 1:, None]).squeeze(-1).sum(-1)\n"
+                "        with torch.no_grad():\n"
+                "            pen = 0.0\n"
+                "            if self.kl_weight > 0:\n"
+                "                pen = kl_div(old_probs, logits.softmax(-1), mask) * self.kl_weight\n"
+                "            r = r + pen\n"
+                "            a = r - old_values\n"
+                "            a = (a - a.mean()) / (a.std() + 1e-8)\n"
+                "        ratios = (lp - old_lp).exp()\n"
+                "        loss = -torch.min(ratios * a, ratios.clamp(1 - eps, 1 + eps) * a).mean()\n"
+                "        self.opt.zero_grad()\n"
+                "        loss.backward()\n"
+                "        self.opt.step()\n", line=13,
+                why="no name says reward or KL: the penalty (a KL written out in a helper, 0 when switched off) is added "
+                    "to the value the advantages weighing the PPO clip are computed from (r - old_values)",
+                capability="C3", style="class"),
         Invalid("def pad_rows(rows, value):\n"
                 "    out = torch.full((len(rows), max(r.size(0) for r in rows), rows[0].size(-1)), value)\n"
                 "    for i, r in enumerate(rows):\n"
@@ -625,8 +670,9 @@ def _reward_by_interface(ctx: Analysis, d) -> bool:
     if func is not None and (ctx.names.is_role(func.name.value, "rewards") or "reward" in func.name.value.lower()) \
             and any(ret.value is not None and key_of(ret.value) == d.key for ret in ctx.index.scopes[id(func)].returns):
         return True
-    # read as the reward of a TD error (`r[:, t] + gamma * V[:, t + 1] - V[:, t]`), itself or through a copy
-    return grouped_later(ctx, d) or enters_td_reward(ctx, d)
+    # read as the reward of a TD error (`r[:, t] + gamma * V[:, t + 1] - V[:, t]`), itself or through a copy, or
+    # as what an advantage is computed from (`advantages = rewards - values`)
+    return grouped_later(ctx, d) or enters_td_reward(ctx, d) or advantage_minuend(ctx, d)
 
 
 def _reads_key(ctx: Analysis, operand: cst.BaseExpression, key: str) -> bool:
