@@ -241,13 +241,15 @@ def target_role_by_use(a: "Analysis", d: Def) -> str | None:
     """The target role (:data:`TARGET_ROLES`) the value bound by ``d`` plays by how the module uses it, never by
     the name it is bound to: the weight of both sides of a PPO clip (advantages), or a value passed to a keyword
     or a same-module parameter, or stored under a string key, that names the role (``old_logp=x``,
-    ``batch["returns"] = x``): the interface a value meets, which renaming its variable does not change. (The
-    ``y`` of ``exp(cur - y)`` is no evidence: the k3 KL estimator ``exp(ref - logp)`` puts the live log-probs
-    there.)"""
+    ``batch["returns"] = x``): the interface a value meets, which renaming its variable does not change; the
+    ``y`` of ``exp(cur - y)`` when that ratio is clipped in a PPO clip (old log-probs). (The ``y`` of a bare
+    ``exp(cur - y)`` is no evidence: the k3 KL estimator ``exp(ref - logp)`` puts the live log-probs there.)"""
     found = a.cache.setdefault("target_role_by_use", {})
     if id(d) in found:
         return found[id(d)]
     role = "advantages" if _reaches(a, d, _clip_weight_reads_by_key(a).get(d.key, ())) else None
+    if role is None and _reaches(a, d, _clipped_ratio_olds(a).get(d.key, ())):
+        role = "old_logp"
     if role is None:
         def names_a_role(name: str) -> bool:
             return name not in TOO_GENERIC and any(a.names.is_role(name, r) for r in TARGET_ROLES)
@@ -335,36 +337,59 @@ def _clip_weight_reads(a: "Analysis") -> list[cst.BaseExpression]:
 
 
 # ----- advantages by their use ----------------------------------------------------------------------------------
-def clip_weights(a: "Analysis") -> frozenset:
-    """The values that weigh both sides of a PPO clip: in ``min/max(r * x, clamp(r, lo, hi) * x)`` (each side
-    possibly a name with one plain definition, either sign), ``x`` is the advantage, whatever it is called, and
-    ``r`` the ratio. Answers (key, reaching definitions) pairs of ``x``'s reads."""
-    def build(an):
-        from rlguard.lint.analysis.signs import factors, min_max_kind
+def _ppo_clips(an: "Analysis") -> list[tuple[cst.BaseExpression, cst.BaseExpression]]:
+    """Every PPO clip of the module, ``min/max(r * x, clamp(r, lo, hi) * x)`` (each side possibly a name with one
+    plain definition, either sign): (the read of ``x``, the ratio ``r``)."""
+    from rlguard.lint.analysis.signs import factors, min_max_kind
 
-        found = set()
-        for call in an.nodes(cst.Call):
-            if min_max_kind(an, call) is None:
+    found = []
+    for call in an.nodes(cst.Call):
+        if min_max_kind(an, call) is None:
+            continue
+        sides = []
+        for arg in call.args:
+            sign, facs = factors(_single_value(an, arg.value))
+            sides.append(facs)
+        if len(sides) != 2 or len(sides[0]) != 2 or len(sides[1]) != 2:
+            continue
+        for x_side, other in ((0, 1), (1, 0)):
+            left, right = sides[x_side], sides[other]
+            for i in (0, 1):
+                x, r = left[i], left[1 - i]
+                for j in (0, 1):
+                    if not _same_read(an, x, right[j]):
+                        continue
+                    inner = _clamped(an, right[1 - j]) or _clamped(an, _single_value(an, right[1 - j]))
+                    read = _value_read(an, x)  # `ratio * adv.unsqueeze(1)` weighs by adv
+                    if inner is not None and _same_read(an, inner, r) and key_of(read) is not None:
+                        found.append((read, r))
+    return found
+
+
+def clip_weights(a: "Analysis") -> frozenset:
+    """The values that weigh both sides of a PPO clip: in ``min/max(r * x, clamp(r, lo, hi) * x)``, ``x`` is the
+    advantage, whatever it is called, and ``r`` the ratio. Answers (key, reaching definitions) pairs of ``x``'s
+    reads."""
+    return a.facet("clip_weights", lambda an: frozenset(_read_id(an, read) for read, _ in _ppo_clips(an)))
+
+
+def _clipped_ratio_olds(a: "Analysis") -> dict[str, list[cst.BaseExpression]]:
+    """By flow key, the reads ``y`` of ``exp(cur - y)`` when that exponential is the ratio of a PPO clip: the old
+    log-probs by use (a clipped ratio is no k3 KL estimate, whose ``exp(ref - logp)`` puts the live log-probs
+    there)."""
+    def build(an):
+        found: dict[str, list[cst.BaseExpression]] = {}
+        exps = {id(call): old for call, _, old in ratio_terms(an)}
+        for _, r in _ppo_clips(an):
+            value = _single_value(an, r)
+            old = exps.get(id(value))
+            if old is None:
                 continue
-            sides = []
-            for arg in call.args:
-                sign, facs = factors(_single_value(an, arg.value))
-                sides.append(facs)
-            if len(sides) != 2 or len(sides[0]) != 2 or len(sides[1]) != 2:
-                continue
-            for x_side, other in ((0, 1), (1, 0)):
-                left, right = sides[x_side], sides[other]
-                for i in (0, 1):
-                    x, r = left[i], left[1 - i]
-                    for j in (0, 1):
-                        if not _same_read(an, x, right[j]):
-                            continue
-                        inner = _clamped(an, right[1 - j]) or _clamped(an, _single_value(an, right[1 - j]))
-                        read = _value_read(an, x)  # `ratio * adv.unsqueeze(1)` weighs by adv
-                        if inner is not None and _same_read(an, inner, r) and key_of(read) is not None:
-                            found.add(_read_id(an, read))
-        return frozenset(found)
-    return a.facet("clip_weights", build)
+            read = _value_read(an, old)
+            if key_of(read) is not None:
+                found.setdefault(key_of(read), []).append(read)
+        return found
+    return a.facet("clipped_ratio_olds", build)
 
 
 def is_clip_weight(a: "Analysis", expr: cst.BaseExpression) -> bool:

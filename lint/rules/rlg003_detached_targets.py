@@ -13,6 +13,7 @@ from rlguard.lint.analysis.index import Def
 from rlguard.lint.analysis.provenance import forwards_of_def, models
 from rlguard.lint.analysis.semantics import CROSS_ENTROPY, GATHER, LOG_SOFTMAX, LOGPROB_HELPER
 from rlguard.lint.analysis.roles import hinted_role, in_model_code, is_backpropagated, target_role_by_use
+from rlguard.lint.analysis.uses import reads_of
 from rlguard.lint.rule import Invalid, Rule, Valid, Violation
 
 LOGP_WORD = re.compile(r"(?i)log_?probs?|logps?|logprobs?")
@@ -33,7 +34,10 @@ class DetachedTargets(Rule):
     setting `p.requires_grad = False` over its parameters, built by TRL's `create_reference_model(model)`, or
     handed in as a parameter that every call in the module passes a frozen model. Log-probs are the reference's
     when the model is named or handed in as the reference, or when it is a deep copy of the model the module
-    trains (`ref = copy.deepcopy(model)` beside `Adam(model.parameters())`) that is not trained itself.
+    trains (`ref = copy.deepcopy(model)` beside `Adam(model.parameters())`) that is not trained itself. A value is
+    the old log-probs by use when it is the `y` of `exp(cur - y)` and that ratio is clamped in a PPO clip (a bare
+    `exp(ref - logp)` is the k3 KL estimate, no ratio). A target detached at every use (`exp(logp - old.detach())`,
+    itself or through the row selections made of it) is not reported.
 
     ## Why it is wrong
     These tensors are *targets*: constants of the loss. With grad on, the gradient also flows through them:
@@ -234,6 +238,28 @@ class DetachedTargets(Rule):
               "        opt.step()\n",
               "the copy is trained too (its parameters join the optimizer): no reference", capability="C1",
               style="functional"),
+        Valid("class Trainer:\n"
+              "    def __init__(self, model, eps):\n"
+              "        self.model = model\n"
+              "        self.opt = torch.optim.Adam(model.parameters())\n"
+              "        self.eps = eps\n"
+              "\n"
+              "    def logps(self, ids):\n"
+              "        logits = self.model(ids).logits[:, :-1]\n"
+              "        return torch.log_softmax(logits, -1).gather(-1, ids[:, 1:, None]).squeeze(-1)\n"
+              "\n"
+              "    def step(self, ids, adv, batches):\n"
+              "        a = self.logps(ids)\n"
+              "        for idx in batches:\n"
+              "            b = a[idx]\n"
+              "            c = self.logps(ids[idx])\n"
+              "            r = torch.exp(c - b.detach())\n"
+              "            w = adv[idx].unsqueeze(-1)\n"
+              "            loss = -torch.min(r * w, torch.clamp(r, 1 - self.eps, 1 + self.eps) * w).mean()\n"
+              "            self.opt.zero_grad()\n"
+              "            loss.backward()\n"
+              "            self.opt.step()\n",
+              "the old side of the clipped ratio is detached where it is used", capability="C1", style="class"),
         Valid("with torch.set_grad_enabled(False):\n"
               "    _, old_logp, _, value = agent.get_action_and_value(obs)\n", "set_grad_enabled(False)"),
         Valid("logp = compute_logp(policy, ids)\n"
@@ -387,6 +413,29 @@ class DetachedTargets(Rule):
                 "        opt.step()\n", line=8,
                 why="the copy is handed to a function out of view, which may freeze it: preview", capability="C1",
                 style="functional", preview=True),
+        Invalid("class Trainer:\n"
+                "    def __init__(self, model, eps):\n"
+                "        self.model = model\n"
+                "        self.opt = torch.optim.Adam(model.parameters())\n"
+                "        self.eps = eps\n"
+                "\n"
+                "    def logps(self, ids):\n"
+                "        logits = self.model(ids).logits[:, :-1]\n"
+                "        return torch.log_softmax(logits, -1).gather(-1, ids[:, 1:, None]).squeeze(-1)\n"
+                "\n"
+                "    def step(self, ids, adv, batches):\n"
+                "        a = self.logps(ids)\n"
+                "        for idx in batches:\n"
+                "            b = a[idx]\n"
+                "            c = self.logps(ids[idx])\n"
+                "            r = torch.exp(c - b)\n"
+                "            w = adv[idx].unsqueeze(-1)\n"
+                "            loss = -torch.min(r * w, torch.clamp(r, 1 - self.eps, 1 + self.eps) * w).mean()\n"
+                "            self.opt.zero_grad()\n"
+                "            loss.backward()\n"
+                "            self.opt.step()\n", line=14,
+                why="no name says old log-probs: the value is the y of exp(cur - y), the ratio a PPO clip clamps, and "
+                    "it was computed with autograd on and is never detached", capability="C1", style="class"),
         Invalid("old_logp = compute_logp(model, ids)\n", line=1,
                 fixed="old_logp = compute_logp(model, ids).detach()\n", preview=True),
         Invalid("values = self.critic(obs).squeeze(-1)\n"
@@ -565,7 +614,28 @@ def _detached_later(ctx: Analysis, d: Def) -> bool:
         if isinstance(call.func, cst.Attribute) and call.func.attr.value == "detach_" and \
                 dotted_name(call.func.value) == d.key and order[id(call)] > d.order:
             return True
-    return False
+    return _detached_at_every_use(ctx, d)
+
+
+def _detached_at_every_use(ctx: Analysis, d: Def, depth: int = 2) -> bool:
+    """``ratio = exp(logp - old.detach())`` and no other read of ``old`` (a ``del`` aside), itself or through the
+    plain copies and row selections made of it (``mb_old = old[idx]``): the target is detached where it is used,
+    so no gradient reaches it."""
+    reads = [r for r in reads_of(ctx, d) if not isinstance(ctx.index.parent_of(r), cst.Del)]
+    if not reads:
+        return False
+    for read in reads:
+        parent = ctx.index.parent_of(read)
+        call = ctx.index.parent_of(parent) if isinstance(parent, cst.Attribute) and parent.value is read else None
+        if isinstance(call, cst.Call) and call.func is parent and parent.attr.value in ("detach", "detach_"):
+            continue
+        value = parent if isinstance(parent, cst.Subscript) and parent.value is read else read
+        copies = [b for b in ctx.index.stmt_defs.get(id(ctx.index.statement_of(value)), ())
+                  if b.kind == "assign" and b.value is value]
+        if depth > 0 and copies and all(_detached_at_every_use(ctx, b, depth - 1) for b in copies):
+            continue
+        return False
+    return True
 
 
 def _computes_logprobs(ctx: Analysis, stmt: cst.CSTNode) -> bool:
