@@ -93,7 +93,12 @@ class ObjectFacet(Facet):
         if isinstance(expr, cst.Call):
             return self._call(trace, expr, frame)
         if isinstance(expr, cst.IfExp):
-            return EMPTY  # `a if cond else b`: not one object
+            # `a if cond else b`: not one object, except the unwrap idiom, `m.module if isinstance(m, DDP) else m`
+            # (the wrapper's `.module` is the model it wraps): one model either way
+            body, orelse = _unwrapped(expr.body), _unwrapped(expr.orelse)
+            if key_of(body) is not None and key_of(body) == key_of(orelse):
+                return trace.value(body, frame)
+            return EMPTY
         return EMPTY
 
     def _call(self, trace, call: cst.Call, frame):
@@ -201,6 +206,11 @@ class ObjectFacet(Facet):
     def _inside(self, func, node_id: int) -> bool:
         node = self.calls.get(node_id)
         return node is not None and self.a.contains(func, node)
+
+
+def _unwrapped(expr: cst.BaseExpression) -> cst.BaseExpression:
+    """``m`` of ``m.module`` (a DDP/FSDP wrapper's wrapped model), else ``expr``."""
+    return expr.value if isinstance(expr, cst.Attribute) and expr.attr.value == "module" else expr
 
 
 def _made(call: cst.Call, frame, kind: str) -> str:
@@ -590,6 +600,10 @@ class ProvenanceFacet(Facet):
         recv = S.receiver(call)
         if S.is_remote_call(call, name):
             return frozenset({Origin(REMOTE, id(call), False, name=last)})
+        if any(arg.keyword is not None and arg.keyword.value == "return_tensors" for arg in call.args):
+            # a tokenizer or processor (`tok(texts, return_tensors="pt")`, HF's signature): token ids, no forward,
+            # whatever object the tokenizer was unpacked from
+            return EMPTY
         if method in S.DETACHING_METHODS and recv is not None and name.split(".", 1)[0] not in ("torch", "np", "numpy"):
             return self._off(trace.value(recv, frame)) if method not in ("size", "numel", "dim", "shape") else EMPTY
         if name in S.DETACHING_FUNCTIONS or last in ("len", "range", "isinstance"):

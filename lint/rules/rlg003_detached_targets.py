@@ -260,6 +260,30 @@ class DetachedTargets(Rule):
               "            loss.backward()\n"
               "            self.opt.step()\n",
               "the old side of the clipped ratio is detached where it is used", capability="C1", style="class"),
+        Valid("policy, tok = init_model(cfg)\n"
+              "opt = torch.optim.Adam(policy.parameters())\n"
+              "\n"
+              "\n"
+              "def step(engine, prompts, adv, eps):\n"
+              "    enc = tok(prompts, return_tensors=\"pt\", padding=True)\n"
+              "    res = engine.rollout(prompt_ids=enc.input_ids)\n"
+              "    old = res.per_token_logps\n"
+              "    logits = policy(res.ids).logits[:, :-1]\n"
+              "    new = torch.log_softmax(logits, -1).gather(-1, res.ids[:, 1:, None]).squeeze(-1)\n"
+              "    r = torch.exp(new - old)\n"
+              "    loss = -torch.min(r * adv, torch.clamp(r, 1 - eps, 1 + eps) * adv).mean()\n"
+              "    opt.zero_grad()\n"
+              "    loss.backward()\n"
+              "    opt.step()\n",
+              "the tokenizer unpacked beside the policy from one factory is called with return_tensors: token ids, no "
+              "forward; the rollout engine's log-probs carry no graph in view", capability="C1", style="script"),
+        Valid("def experience(critic, ids, rewards):\n"
+              "    c = critic.module if isinstance(critic, DistributedDataParallel) else critic\n"
+              "    with torch.no_grad():\n"
+              "        v = c(ids).squeeze(-1)\n"
+              "    a = rewards - v\n"
+              "    return {\"advantages\": a, \"returns\": rewards}\n",
+              "the critic behind the DDP unwrap idiom scores under no_grad", capability="C1", style="functional"),
         Valid("with torch.set_grad_enabled(False):\n"
               "    _, old_logp, _, value = agent.get_action_and_value(obs)\n", "set_grad_enabled(False)"),
         Valid("logp = compute_logp(policy, ids)\n"
@@ -436,6 +460,13 @@ class DetachedTargets(Rule):
                 "            self.opt.step()\n", line=14,
                 why="no name says old log-probs: the value is the y of exp(cur - y), the ratio a PPO clip clamps, and "
                     "it was computed with autograd on and is never detached", capability="C1", style="class"),
+        Invalid("def experience(critic, ids, rewards):\n"
+                "    c = critic.module if isinstance(critic, DistributedDataParallel) else critic\n"
+                "    v = c(ids).squeeze(-1)\n"
+                "    a = rewards - v\n"
+                "    return {\"advantages\": a, \"returns\": rewards}\n", line=4,
+                why="m.module if isinstance(m, DDP) else m is the same critic either way: its values carry grad into "
+                    "the advantages", capability="C1", style="functional"),
         Invalid("old_logp = compute_logp(model, ids)\n", line=1,
                 fixed="old_logp = compute_logp(model, ids).detach()\n", preview=True),
         Invalid("values = self.critic(obs).squeeze(-1)\n"
