@@ -254,6 +254,8 @@ def negated_origin(a: "Analysis", kind: str, expr: cst.BaseExpression, frame) ->
         inner = _returned_element(a, terms[0].expr)
         if inner is not None:  # `h, stats = helper(p)`: the element the helper returns
             terms = signs(a).terms(inner, None, stop=stop)
+    # a literal 0 (`kl = 0.` before the branch that computes it: the term switched off) adds nothing
+    terms = [t for t in terms if S.number_value(t.expr) != 0]
     origins = {id(t.expr): t.expr for t in terms if stop(t.expr, t.frame)}
     if len(origins) != 1 or len(terms) != sum(1 for t in terms if stop(t.expr, t.frame)):
         return None

@@ -307,6 +307,18 @@ class KlSign(Rule):
               style="functional"),
     ]
     INVALID = [
+        Invalid("def kl_div(p, q):\n"
+                "    return (p * (q.log() - p.log())).sum(-1).mean()\n"
+                "\n"
+                "\n"
+                "def update(self, pg_loss, probs, old_probs):\n"
+                "    pen = 0.0\n"
+                "    if self.kl_weight > 0:\n"
+                "        pen = kl_div(probs, old_probs) * self.kl_weight\n"
+                "    loss = pg_loss.mean() + pen\n"
+                "    loss.backward()\n", line=2,
+                why="the helper returns minus the KL; the caller's penalty, 0 when switched off, adds it: reported in "
+                    "the helper, where the logs are swapped", capability="C4", style="functional"),
         Invalid("def kl_div(p, q, mask):\n"
                 "    return ((p * (p.log() - q.log())).sum(-1) * mask).sum(-1) / mask.sum(-1)\n"
                 "\n"
