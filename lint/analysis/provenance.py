@@ -396,7 +396,8 @@ class Models:
                     name in S.DEEP_COPY:
                 continue
             for arg in call.args:
-                if isinstance(arg.value, (cst.Name, cst.Attribute)) and {o.key for o in self.roots(arg.value)} & ref.roots:
+                if isinstance(arg.value, (cst.Name, cst.Attribute)) and \
+                        {o.key for o in self.roots(arg.value)} & ref.roots:
                     return False
         return True
 

@@ -21,6 +21,95 @@ WHAT = {"old_logp": "old log-probs", "ref_logp": "reference log-probs", "advanta
         "returns": "returns"}
 
 
+# a DPO step against a deep copy of the trained model ({frozen}: a freezing call on the copy; {extra}: a line after it)
+_DEEP_COPY_REFERENCE = (
+    "import copy\n"
+    "\n"
+    "def train(model, batches, beta):\n"
+    "    opt = torch.optim.Adam(model.parameters())\n"
+    "    twin = copy.deepcopy(model).eval(){frozen}\n"
+    "{extra}    for ids, labels in batches:\n"
+    "        a = -F.cross_entropy(twin(ids).logits[:, :-1].transpose(1, 2), labels, reduction=\"none\").sum(-1)\n"
+    "        b = -F.cross_entropy(model(ids).logits[:, :-1].transpose(1, 2), labels, reduction=\"none\").sum(-1)\n"
+    "        loss = -F.logsigmoid(beta * (b - a)).mean()\n"
+    "        opt.zero_grad()\n"
+    "        loss.backward()\n"
+    "        opt.step()\n"
+)
+
+
+# a trainer whose reference TRL's create_reference_model makes ({made}: the line that makes it)
+_REFERENCE_FROM_TRL = (
+    "from trl import create_reference_model\n"
+    "\n"
+    "class Trainer:\n"
+    "    def __init__(self, model, beta):\n"
+    "        self.model = model\n"
+    "{made}\n"
+    "    def sequence_logps(self, model, ids):\n"
+    "        logits = model(ids).logits[:, :-1]\n"
+    "        return torch.log_softmax(logits, -1).gather(-1, ids[:, 1:, None]).squeeze(-1).sum(-1)\n"
+    "\n"
+    "    def prepare(self, ids):\n"
+    "        ref_logps = self.sequence_logps(self.ref_model, ids)\n"
+    "        return {{\"input_ids\": ids, \"ref_logps\": ref_logps}}\n"
+)
+
+
+# a script that builds its reference and hands it to train_epoch ({built}: how the script prepares it)
+_FROZEN_BY_CALLER = (
+    "def train_epoch(model, ref_model, batches, opt, beta):\n"
+    "    for ids in batches:\n"
+    "        logits = model(ids).logits[:, :-1]\n"
+    "        logp = torch.log_softmax(logits, -1).gather(-1, ids[:, 1:, None]).squeeze(-1)\n"
+    "        ref_logits = ref_model(ids).logits[:, :-1]\n"
+    "        ref_logp = torch.log_softmax(ref_logits, -1).gather(-1, ids[:, 1:, None]).squeeze(-1)\n"
+    "        loss = -logp.mean() + beta * (logp - ref_logp).mean()\n"
+    "        opt.zero_grad()\n"
+    "        loss.backward()\n"
+    "        opt.step()\n"
+    "\n"
+    "ref = build_model()\n"
+    "{built}policy = build_model()\n"
+    "opt = torch.optim.AdamW(policy.parameters())\n"
+    "train_epoch(policy, ref, loader, opt, 0.1)\n"
+)
+
+
+# a PPO step whose old log-probs are computed once with autograd on ({ratio}: the ratio line)
+_CLIPPED_OLD = (
+    "class Trainer:\n"
+    "    def __init__(self, model, eps):\n"
+    "        self.model = model\n"
+    "        self.opt = torch.optim.Adam(model.parameters())\n"
+    "        self.eps = eps\n"
+    "\n"
+    "    def logps(self, ids):\n"
+    "        logits = self.model(ids).logits[:, :-1]\n"
+    "        return torch.log_softmax(logits, -1).gather(-1, ids[:, 1:, None]).squeeze(-1)\n"
+    "\n"
+    "    def step(self, ids, adv, batches):\n"
+    "        a = self.logps(ids)\n"
+    "        for idx in batches:\n"
+    "            b = a[idx]\n"
+    "            c = self.logps(ids[idx])\n"
+    "{ratio}            w = adv[idx].unsqueeze(-1)\n"
+    "            loss = -torch.min(r * w, torch.clamp(r, 1 - self.eps, 1 + self.eps) * w).mean()\n"
+    "            self.opt.zero_grad()\n"
+    "            loss.backward()\n"
+    "            self.opt.step()\n"
+)
+
+
+# a critic behind the DDP unwrap idiom ({scored}: how its values are computed)
+_UNWRAPPED_CRITIC = (
+    "def experience(critic, ids, rewards):\n"
+    "    c = critic.module if isinstance(critic, DistributedDataParallel) else critic\n"
+    "{scored}    a = rewards - v\n"
+    "    return {{\"advantages\": a, \"returns\": rewards}}\n"
+)
+
+
 class DetachedTargets(Rule):
     """
     ## What it flags
@@ -176,89 +265,18 @@ class DetachedTargets(Rule):
               "            batch = self.rollout(ids)\n", "a method only called under no_grad"),
         Valid("ref_model.requires_grad_(False)\n"
               "ref_logp = token_logp(ref_model(ids).logits, ids)\n", "the reference model is frozen"),
-        Valid("from trl import create_reference_model\n"
-              "\n"
-              "class Trainer:\n"
-              "    def __init__(self, model, beta):\n"
-              "        self.model = model\n"
-              "        self.ref_model = create_reference_model(model)\n"
-              "\n"
-              "    def sequence_logps(self, model, ids):\n"
-              "        logits = model(ids).logits[:, :-1]\n"
-              "        return torch.log_softmax(logits, -1).gather(-1, ids[:, 1:, None]).squeeze(-1).sum(-1)\n"
-              "\n"
-              "    def prepare(self, ids):\n"
-              "        ref_logps = self.sequence_logps(self.ref_model, ids)\n"
-              "        return {\"input_ids\": ids, \"ref_logps\": ref_logps}\n",
+        Valid(_REFERENCE_FROM_TRL.format(made="        self.ref_model = create_reference_model(model)\n"),
               "TRL's create_reference_model(model) returns a copy whose parameters all have requires_grad False: its "
               "log-probs carry no gradient without no_grad", capability="C1", style="framework"),
-        Valid("def train_epoch(model, ref_model, batches, opt, beta):\n"
-              "    for ids in batches:\n"
-              "        logits = model(ids).logits[:, :-1]\n"
-              "        logp = torch.log_softmax(logits, -1).gather(-1, ids[:, 1:, None]).squeeze(-1)\n"
-              "        ref_logits = ref_model(ids).logits[:, :-1]\n"
-              "        ref_logp = torch.log_softmax(ref_logits, -1).gather(-1, ids[:, 1:, None]).squeeze(-1)\n"
-              "        loss = -logp.mean() + beta * (logp - ref_logp).mean()\n"
-              "        opt.zero_grad()\n"
-              "        loss.backward()\n"
-              "        opt.step()\n"
-              "\n"
-              "ref = build_model()\n"
-              "ref = ref.eval().requires_grad_(False)\n"
-              "policy = build_model()\n"
-              "opt = torch.optim.AdamW(policy.parameters())\n"
-              "train_epoch(policy, ref, loader, opt, 0.1)\n",
+        Valid(_FROZEN_BY_CALLER.format(built="ref = ref.eval().requires_grad_(False)\n"),
               "the function is handed a reference frozen by every caller in the module: the caller's context "
               "is the callee's", capability="C5", style="script"),
-        Valid("import copy\n"
-              "\n"
-              "def train(model, batches, beta):\n"
-              "    opt = torch.optim.Adam(model.parameters())\n"
-              "    twin = copy.deepcopy(model).eval().requires_grad_(False)\n"
-              "    for ids, labels in batches:\n"
-              "        a = -F.cross_entropy(twin(ids).logits[:, :-1].transpose(1, 2), labels, reduction=\"none\").sum(-1)\n"
-              "        b = -F.cross_entropy(model(ids).logits[:, :-1].transpose(1, 2), labels, reduction=\"none\").sum(-1)\n"
-              "        loss = -F.logsigmoid(beta * (b - a)).mean()\n"
-              "        opt.zero_grad()\n"
-              "        loss.backward()\n"
-              "        opt.step()\n",
+        Valid(_DEEP_COPY_REFERENCE.format(frozen=".requires_grad_(False)", extra=""),
               "the deep copy of the trained model is frozen where it is built", capability="C1", style="functional"),
-        Valid("import copy\n"
-              "\n"
-              "def train(model, batches, beta):\n"
-              "    opt = torch.optim.Adam(model.parameters())\n"
-              "    twin = copy.deepcopy(model).eval()\n"
-              "    opt.add_param_group({\"params\": twin.parameters()})\n"
-              "    for ids, labels in batches:\n"
-              "        a = -F.cross_entropy(twin(ids).logits[:, :-1].transpose(1, 2), labels, reduction=\"none\").sum(-1)\n"
-              "        b = -F.cross_entropy(model(ids).logits[:, :-1].transpose(1, 2), labels, reduction=\"none\").sum(-1)\n"
-              "        loss = -F.logsigmoid(beta * (b - a)).mean()\n"
-              "        opt.zero_grad()\n"
-              "        loss.backward()\n"
-              "        opt.step()\n",
+        Valid(_DEEP_COPY_REFERENCE.format(frozen="", extra="    opt.add_param_group({\"params\": twin.parameters()})\n"),
               "the copy is trained too (its parameters join the optimizer): no reference", capability="C1",
               style="functional"),
-        Valid("class Trainer:\n"
-              "    def __init__(self, model, eps):\n"
-              "        self.model = model\n"
-              "        self.opt = torch.optim.Adam(model.parameters())\n"
-              "        self.eps = eps\n"
-              "\n"
-              "    def logps(self, ids):\n"
-              "        logits = self.model(ids).logits[:, :-1]\n"
-              "        return torch.log_softmax(logits, -1).gather(-1, ids[:, 1:, None]).squeeze(-1)\n"
-              "\n"
-              "    def step(self, ids, adv, batches):\n"
-              "        a = self.logps(ids)\n"
-              "        for idx in batches:\n"
-              "            b = a[idx]\n"
-              "            c = self.logps(ids[idx])\n"
-              "            r = torch.exp(c - b.detach())\n"
-              "            w = adv[idx].unsqueeze(-1)\n"
-              "            loss = -torch.min(r * w, torch.clamp(r, 1 - self.eps, 1 + self.eps) * w).mean()\n"
-              "            self.opt.zero_grad()\n"
-              "            loss.backward()\n"
-              "            self.opt.step()\n",
+        Valid(_CLIPPED_OLD.format(ratio="            r = torch.exp(c - b.detach())\n"),
               "the old side of the clipped ratio is detached where it is used", capability="C1", style="class"),
         Valid("policy, tok = init_model(cfg)\n"
               "opt = torch.optim.Adam(policy.parameters())\n"
@@ -277,12 +295,7 @@ class DetachedTargets(Rule):
               "    opt.step()\n",
               "the tokenizer unpacked beside the policy from one factory is called with return_tensors: token ids, no "
               "forward; the rollout engine's log-probs carry no graph in view", capability="C1", style="script"),
-        Valid("def experience(critic, ids, rewards):\n"
-              "    c = critic.module if isinstance(critic, DistributedDataParallel) else critic\n"
-              "    with torch.no_grad():\n"
-              "        v = c(ids).squeeze(-1)\n"
-              "    a = rewards - v\n"
-              "    return {\"advantages\": a, \"returns\": rewards}\n",
+        Valid(_UNWRAPPED_CRITIC.format(scored="    with torch.no_grad():\n        v = c(ids).squeeze(-1)\n"),
               "the critic behind the DDP unwrap idiom scores under no_grad", capability="C1", style="functional"),
         Valid("with torch.set_grad_enabled(False):\n"
               "    _, old_logp, _, value = agent.get_action_and_value(obs)\n", "set_grad_enabled(False)"),
@@ -374,97 +387,22 @@ class DetachedTargets(Rule):
                 "    loss.backward()\n", line=8,
                 why="a GAE loop appends each step's advantage to a list: the list carries the critic's live "
                     "values, and the stacked advantages weigh the PPO clip", capability="C1", style="functional"),
-        Invalid("from trl import create_reference_model\n"
-                "\n"
-                "class Trainer:\n"
-                "    def __init__(self, model, beta):\n"
-                "        self.model = model\n"
-                "        self.ref_model = create_reference_model(model, num_shared_layers=6)\n"
-                "\n"
-                "    def sequence_logps(self, model, ids):\n"
-                "        logits = model(ids).logits[:, :-1]\n"
-                "        return torch.log_softmax(logits, -1).gather(-1, ids[:, 1:, None]).squeeze(-1).sum(-1)\n"
-                "\n"
-                "    def prepare(self, ids):\n"
-                "        ref_logps = self.sequence_logps(self.ref_model, ids)\n"
-                "        return {\"input_ids\": ids, \"ref_logps\": ref_logps}\n", line=13,
+        Invalid(_REFERENCE_FROM_TRL.format(made="        self.ref_model = create_reference_model(model, num_shared_layers=6)\n"), line=13,
                 why="with num_shared_layers the copy shares its first layers with the policy: the reference "
                     "log-probs depend on trained weights", capability="C1", style="framework"),
-        Invalid("def train_epoch(model, ref_model, batches, opt, beta):\n"
-                "    for ids in batches:\n"
-                "        logits = model(ids).logits[:, :-1]\n"
-                "        logp = torch.log_softmax(logits, -1).gather(-1, ids[:, 1:, None]).squeeze(-1)\n"
-                "        ref_logits = ref_model(ids).logits[:, :-1]\n"
-                "        ref_logp = torch.log_softmax(ref_logits, -1).gather(-1, ids[:, 1:, None]).squeeze(-1)\n"
-                "        loss = -logp.mean() + beta * (logp - ref_logp).mean()\n"
-                "        opt.zero_grad()\n"
-                "        loss.backward()\n"
-                "        opt.step()\n"
-                "\n"
-                "ref = build_model()\n"
-                "ref = ref.eval()\n"
-                "policy = build_model()\n"
-                "opt = torch.optim.AdamW(policy.parameters())\n"
-                "train_epoch(policy, ref, loader, opt, 0.1)\n", line=6,
+        Invalid(_FROZEN_BY_CALLER.format(built="ref = ref.eval()\n"), line=6,
                 why="the caller puts the reference in eval mode but leaves its weights trainable", capability="C5",
                 style="script", preview=True),
-        Invalid("import copy\n"
-                "\n"
-                "def train(model, batches, beta):\n"
-                "    opt = torch.optim.Adam(model.parameters())\n"
-                "    twin = copy.deepcopy(model).eval()\n"
-                "    for ids, labels in batches:\n"
-                "        a = -F.cross_entropy(twin(ids).logits[:, :-1].transpose(1, 2), labels, reduction=\"none\").sum(-1)\n"
-                "        b = -F.cross_entropy(model(ids).logits[:, :-1].transpose(1, 2), labels, reduction=\"none\").sum(-1)\n"
-                "        loss = -F.logsigmoid(beta * (b - a)).mean()\n"
-                "        opt.zero_grad()\n"
-                "        loss.backward()\n"
-                "        opt.step()\n", line=7,
+        Invalid(_DEEP_COPY_REFERENCE.format(frozen="", extra=""), line=7,
                 why="no name says reference: a deep copy of the trained model, built here, never frozen and never "
                     "handed out, scores the DPO margin's other side with autograd on", capability="C1", style="functional"),
-        Invalid("import copy\n"
-                "\n"
-                "def train(model, batches, beta):\n"
-                "    opt = torch.optim.Adam(model.parameters())\n"
-                "    twin = copy.deepcopy(model).eval()\n"
-                "    disable_dropout(twin)\n"
-                "    for ids, labels in batches:\n"
-                "        a = -F.cross_entropy(twin(ids).logits[:, :-1].transpose(1, 2), labels, reduction=\"none\").sum(-1)\n"
-                "        b = -F.cross_entropy(model(ids).logits[:, :-1].transpose(1, 2), labels, reduction=\"none\").sum(-1)\n"
-                "        loss = -F.logsigmoid(beta * (b - a)).mean()\n"
-                "        opt.zero_grad()\n"
-                "        loss.backward()\n"
-                "        opt.step()\n", line=8,
+        Invalid(_DEEP_COPY_REFERENCE.format(frozen="", extra="    disable_dropout(twin)\n"), line=8,
                 why="the copy is handed to a function out of view, which may freeze it: preview", capability="C1",
                 style="functional", preview=True),
-        Invalid("class Trainer:\n"
-                "    def __init__(self, model, eps):\n"
-                "        self.model = model\n"
-                "        self.opt = torch.optim.Adam(model.parameters())\n"
-                "        self.eps = eps\n"
-                "\n"
-                "    def logps(self, ids):\n"
-                "        logits = self.model(ids).logits[:, :-1]\n"
-                "        return torch.log_softmax(logits, -1).gather(-1, ids[:, 1:, None]).squeeze(-1)\n"
-                "\n"
-                "    def step(self, ids, adv, batches):\n"
-                "        a = self.logps(ids)\n"
-                "        for idx in batches:\n"
-                "            b = a[idx]\n"
-                "            c = self.logps(ids[idx])\n"
-                "            r = torch.exp(c - b)\n"
-                "            w = adv[idx].unsqueeze(-1)\n"
-                "            loss = -torch.min(r * w, torch.clamp(r, 1 - self.eps, 1 + self.eps) * w).mean()\n"
-                "            self.opt.zero_grad()\n"
-                "            loss.backward()\n"
-                "            self.opt.step()\n", line=14,
+        Invalid(_CLIPPED_OLD.format(ratio="            r = torch.exp(c - b)\n"), line=14,
                 why="no name says old log-probs: the value is the y of exp(cur - y), the ratio a PPO clip clamps, and "
                     "it was computed with autograd on and is never detached", capability="C1", style="class"),
-        Invalid("def experience(critic, ids, rewards):\n"
-                "    c = critic.module if isinstance(critic, DistributedDataParallel) else critic\n"
-                "    v = c(ids).squeeze(-1)\n"
-                "    a = rewards - v\n"
-                "    return {\"advantages\": a, \"returns\": rewards}\n", line=4,
+        Invalid(_UNWRAPPED_CRITIC.format(scored="    v = c(ids).squeeze(-1)\n"), line=4,
                 why="m.module if isinstance(m, DDP) else m is the same critic either way: its values carry grad into "
                     "the advantages", capability="C1", style="functional"),
         Invalid("old_logp = compute_logp(model, ids)\n", line=1,
@@ -585,9 +523,9 @@ class DetachedTargets(Rule):
             live = [o for o in forwards_of_def(ctx, d, grad=True) if o.model is None or o.model.role != "reward"]
             by_provenance = by_use is None and _reference_logprobs(live)
             # log-probs that only forwards of the reference model compute. A preview part, unless the reference is
-            # a deep copy made here and visibly trainable: a reference is usually frozen by its builder (`requires_grad = False`
-            # over its parameters, often in another file), and then no gradient flows whatever the context; the
-            # ecosystem shows that case (grpo-flat)
+            # a deep copy made here and visibly trainable: a reference is usually frozen by its builder
+            # (`requires_grad = False` over its parameters, often in another file), and then no gradient flows
+            # whatever the context; the ecosystem shows that case (grpo-flat)
             shown_by_provenance = by_provenance and all(o.model is not None and
                                                         models(ctx).trainable_copy(o.model) for o in live)
             if by_provenance:

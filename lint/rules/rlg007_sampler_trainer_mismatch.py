@@ -32,6 +32,31 @@ RECOMPUTE = re.compile(r"(?i)\b(model|policy|actor|lm|net)\s*\(|log_softmax|\.ga
 SAMPLING_OPS = ("torch.multinomial", "multinomial")
 
 
+# old log-probs from the sampler's scores, the reference's logits divided ({trainer}: the trainer's logits)
+_SAMPLER_SCORES = (
+    "import torch\n"
+    "from transformers import GenerationConfig\n"
+    "\n"
+    "\n"
+    "def train(policy, ref_model, opt, prompts, adv, args):\n"
+    "    gen_kwargs = {{\"max_new_tokens\": 64, \"temperature\": args.temperature, \"do_sample\": True}}\n"
+    "    config = GenerationConfig(**gen_kwargs)\n"
+    "    with torch.no_grad():\n"
+    "        out = policy.generate(prompts, generation_config=config, output_scores=True, return_dict_in_generate=True)\n"
+    "        seq = out.sequences[:, prompts.size(1):]\n"
+    "        a = torch.log_softmax(torch.stack(out.scores, 1), -1).gather(-1, seq.unsqueeze(-1)).squeeze(-1)\n"
+    "        y = ref_model(out.sequences).logits[:, prompts.size(1) - 1:-1] / args.temperature\n"
+    "        c = torch.log_softmax(y, -1).gather(-1, seq.unsqueeze(-1)).squeeze(-1)\n"
+    "    for _ in range(args.epochs):\n"
+    "{trainer}        b = torch.log_softmax(z, -1).gather(-1, seq.unsqueeze(-1)).squeeze(-1)\n"
+    "        ratio = torch.exp(b - a)\n"
+    "        loss = -torch.min(ratio * adv, ratio.clamp(0.8, 1.2) * adv).mean() + args.beta * (b - c).mean()\n"
+    "        opt.zero_grad()\n"
+    "        loss.backward()\n"
+    "        opt.step()\n"
+)
+
+
 class SamplerTrainerMismatch(Rule):
     """
     ## What it flags
@@ -137,27 +162,7 @@ class SamplerTrainerMismatch(Rule):
                 r"log_?probs?|logps?\b|_logp|gather|log_softmax|cross_entropy|def \w*(?:rollout|collect)")
 
     VALID = [
-        Valid("import torch\n"
-              "from transformers import GenerationConfig\n"
-              "\n"
-              "\n"
-              "def train(policy, ref_model, opt, prompts, adv, args):\n"
-              "    gen_kwargs = {\"max_new_tokens\": 64, \"temperature\": args.temperature, \"do_sample\": True}\n"
-              "    config = GenerationConfig(**gen_kwargs)\n"
-              "    with torch.no_grad():\n"
-              "        out = policy.generate(prompts, generation_config=config, output_scores=True, return_dict_in_generate=True)\n"
-              "        seq = out.sequences[:, prompts.size(1):]\n"
-              "        a = torch.log_softmax(torch.stack(out.scores, 1), -1).gather(-1, seq.unsqueeze(-1)).squeeze(-1)\n"
-              "        y = ref_model(out.sequences).logits[:, prompts.size(1) - 1:-1] / args.temperature\n"
-              "        c = torch.log_softmax(y, -1).gather(-1, seq.unsqueeze(-1)).squeeze(-1)\n"
-              "    for _ in range(args.epochs):\n"
-              "        z = policy(out.sequences).logits[:, prompts.size(1) - 1:-1] / args.temperature\n"
-              "        b = torch.log_softmax(z, -1).gather(-1, seq.unsqueeze(-1)).squeeze(-1)\n"
-              "        ratio = torch.exp(b - a)\n"
-              "        loss = -torch.min(ratio * adv, ratio.clamp(0.8, 1.2) * adv).mean() + args.beta * (b - c).mean()\n"
-              "        opt.zero_grad()\n"
-              "        loss.backward()\n"
-              "        opt.step()\n",
+        Valid(_SAMPLER_SCORES.format(trainer="        z = policy(out.sequences).logits[:, prompts.size(1) - 1:-1] / args.temperature\n"),
               "the trainer divides the policy's logits by the temperature the sampler was given", capability="C6",
               style="functional"),
         Valid("import torch\n"
@@ -475,27 +480,7 @@ class SamplerTrainerMismatch(Rule):
                 "        opt.step()\n", line=14,
                 why="the sampler's temperature is an entry of the dict handed to GenerationConfig as **kwargs; the "
                     "trainer never divides its logits", capability="C3", style="functional"),
-        Invalid("import torch\n"
-                "from transformers import GenerationConfig\n"
-                "\n"
-                "\n"
-                "def train(policy, ref_model, opt, prompts, adv, args):\n"
-                "    gen_kwargs = {\"max_new_tokens\": 64, \"temperature\": args.temperature, \"do_sample\": True}\n"
-                "    config = GenerationConfig(**gen_kwargs)\n"
-                "    with torch.no_grad():\n"
-                "        out = policy.generate(prompts, generation_config=config, output_scores=True, return_dict_in_generate=True)\n"
-                "        seq = out.sequences[:, prompts.size(1):]\n"
-                "        a = torch.log_softmax(torch.stack(out.scores, 1), -1).gather(-1, seq.unsqueeze(-1)).squeeze(-1)\n"
-                "        y = ref_model(out.sequences).logits[:, prompts.size(1) - 1:-1] / args.temperature\n"
-                "        c = torch.log_softmax(y, -1).gather(-1, seq.unsqueeze(-1)).squeeze(-1)\n"
-                "    for _ in range(args.epochs):\n"
-                "        z = policy(out.sequences).logits[:, prompts.size(1) - 1:-1]\n"
-                "        b = torch.log_softmax(z, -1).gather(-1, seq.unsqueeze(-1)).squeeze(-1)\n"
-                "        ratio = torch.exp(b - a)\n"
-                "        loss = -torch.min(ratio * adv, ratio.clamp(0.8, 1.2) * adv).mean() + args.beta * (b - c).mean()\n"
-                "        opt.zero_grad()\n"
-                "        loss.backward()\n"
-                "        opt.step()\n", line=16,
+        Invalid(_SAMPLER_SCORES.format(trainer="        z = policy(out.sequences).logits[:, prompts.size(1) - 1:-1]\n"), line=16,
                 why="the old side of the ratio is the log-softmax of the scores generate returned, shaped by the "
                     "temperature handed to the sampler through a **kwargs dict; the trainer's logits are undivided (the "
                     "reference's are divided, so the module does apply a temperature elsewhere)", capability="C6",

@@ -63,6 +63,60 @@ _GROUPED_REWARD = (
     "        return (g - g.mean(dim=1, keepdim=True)).view(-1)\n"
 )
 
+# a rollout that shapes the reward with the sampler's own log-probs against the reference's ({shaped})
+_GENERATION_KL = (
+    "def pad_rows(rows, value):\n"
+    "    out = torch.full((len(rows), max(r.size(0) for r in rows), rows[0].size(-1)), value)\n"
+    "    for i, r in enumerate(rows):\n"
+    "        out[i][: r.size(0)] = r\n"
+    "    return out\n"
+    "\n"
+    "\n"
+    "def make_experience(policy, ref_model, critic, prompts, score_fn, beta, gamma, lam):\n"
+    "    with torch.no_grad():\n"
+    "        out = policy.generate(prompts, output_scores=True, return_dict_in_generate=True)\n"
+    "        seq = out.sequences[:, prompts.size(1):]\n"
+    "        z = pad_rows(list(torch.stack(out.scores, 1)), 0.0)\n"
+    "        a = torch.log_softmax(z, -1).gather(-1, seq.unsqueeze(-1)).squeeze(-1)\n"
+    "        y = ref_model(out.sequences).logits[:, prompts.size(1) - 1:-1]\n"
+    "        b = torch.log_softmax(y, -1).gather(-1, seq.unsqueeze(-1)).squeeze(-1)\n"
+    "        v = critic(out.sequences)[:, prompts.size(1) - 1:-1]\n"
+    "{shaped}    r[:, -1] += score_fn(out.sequences)\n"
+    "    last = 0.0\n"
+    "    adv = []\n"
+    "    for t in reversed(range(r.size(1))):\n"
+    "        nv = v[:, t + 1] if t < r.size(1) - 1 else 0.0\n"
+    "        delta = r[:, t] + gamma * nv - v[:, t]\n"
+    "        last = delta + gamma * lam * last\n"
+    "        adv.append(last)\n"
+    "    return torch.stack(adv[::-1], 1), r\n"
+)
+
+
+# a KL penalty shaping the value the advantages are computed from ({shaped})
+_ADVANTAGE_MINUEND = (
+    "def kl_div(p, q, mask):\n"
+    "    return ((p * (p.log() - q.log())).sum(-1) * mask).sum(-1) / mask.sum(-1)\n"
+    "\n"
+    "\n"
+    "class Learner:\n"
+    "    def update(self, ids, mask, old_probs, old_lp, old_values, r, eps):\n"
+    "        logits = self.actor(ids).logits[:, :-1]\n"
+    "        lp = torch.log_softmax(logits, -1).gather(-1, ids[:, 1:, None]).squeeze(-1).sum(-1)\n"
+    "        with torch.no_grad():\n"
+    "            pen = 0.0\n"
+    "            if self.kl_weight > 0:\n"
+    "                pen = kl_div(old_probs, logits.softmax(-1), mask) * self.kl_weight\n"
+    "{shaped}            a = r - old_values\n"
+    "            a = (a - a.mean()) / (a.std() + 1e-8)\n"
+    "        ratios = (lp - old_lp).exp()\n"
+    "        loss = -torch.min(ratios * a, ratios.clamp(1 - eps, 1 + eps) * a).mean()\n"
+    "        self.opt.zero_grad()\n"
+    "        loss.backward()\n"
+    "        self.opt.step()\n"
+)
+
+
 class KlSign(Rule):
     """
     ## What it flags
@@ -137,54 +191,10 @@ class KlSign(Rule):
                      "rewards keyword, parameter or string key, is stored under one (`batch['token_level_rewards'] "
                      "= ...`), or is what a rewards function returns)")
     VALID = [
-        Valid("def kl_div(p, q, mask):\n"
-              "    return ((p * (p.log() - q.log())).sum(-1) * mask).sum(-1) / mask.sum(-1)\n"
-              "\n"
-              "\n"
-              "class Learner:\n"
-              "    def update(self, ids, mask, old_probs, old_lp, old_values, r, eps):\n"
-              "        logits = self.actor(ids).logits[:, :-1]\n"
-              "        lp = torch.log_softmax(logits, -1).gather(-1, ids[:, 1:, None]).squeeze(-1).sum(-1)\n"
-              "        with torch.no_grad():\n"
-              "            pen = 0.0\n"
-              "            if self.kl_weight > 0:\n"
-              "                pen = kl_div(old_probs, logits.softmax(-1), mask) * self.kl_weight\n"
-              "            r = r - pen\n"
-              "            a = r - old_values\n"
-              "            a = (a - a.mean()) / (a.std() + 1e-8)\n"
-              "        ratios = (lp - old_lp).exp()\n"
-              "        loss = -torch.min(ratios * a, ratios.clamp(1 - eps, 1 + eps) * a).mean()\n"
-              "        self.opt.zero_grad()\n"
-              "        loss.backward()\n"
-              "        self.opt.step()\n",
+        Valid(_ADVANTAGE_MINUEND.format(shaped="            r = r - pen\n"),
               "a KL penalty (0 when switched off) subtracted from the value the advantages are computed from",
               capability="C3", style="class"),
-        Valid("def pad_rows(rows, value):\n"
-              "    out = torch.full((len(rows), max(r.size(0) for r in rows), rows[0].size(-1)), value)\n"
-              "    for i, r in enumerate(rows):\n"
-              "        out[i][: r.size(0)] = r\n"
-              "    return out\n"
-              "\n"
-              "\n"
-              "def make_experience(policy, ref_model, critic, prompts, score_fn, beta, gamma, lam):\n"
-              "    with torch.no_grad():\n"
-              "        out = policy.generate(prompts, output_scores=True, return_dict_in_generate=True)\n"
-              "        seq = out.sequences[:, prompts.size(1):]\n"
-              "        z = pad_rows(list(torch.stack(out.scores, 1)), 0.0)\n"
-              "        a = torch.log_softmax(z, -1).gather(-1, seq.unsqueeze(-1)).squeeze(-1)\n"
-              "        y = ref_model(out.sequences).logits[:, prompts.size(1) - 1:-1]\n"
-              "        b = torch.log_softmax(y, -1).gather(-1, seq.unsqueeze(-1)).squeeze(-1)\n"
-              "        v = critic(out.sequences)[:, prompts.size(1) - 1:-1]\n"
-              "    r = -beta * (a - b)\n"
-              "    r[:, -1] += score_fn(out.sequences)\n"
-              "    last = 0.0\n"
-              "    adv = []\n"
-              "    for t in reversed(range(r.size(1))):\n"
-              "        nv = v[:, t + 1] if t < r.size(1) - 1 else 0.0\n"
-              "        delta = r[:, t] + gamma * nv - v[:, t]\n"
-              "        last = delta + gamma * lam * last\n"
-              "        adv.append(last)\n"
-              "    return torch.stack(adv[::-1], 1), r\n",
+        Valid(_GENERATION_KL.format(shaped="    r = -beta * (a - b)\n"),
               "the sampler's log-probs (the log-softmax of the scores generate returned) minus the reference's, "
               "subtracted from the reward a TD error reads", capability="C1", style="functional"),
         Valid(_GROUPED_REWARD.format(sign="-"),
@@ -319,55 +329,11 @@ class KlSign(Rule):
                 "    loss.backward()\n", line=2,
                 why="the helper returns minus the KL; the caller's penalty, 0 when switched off, adds it: reported in "
                     "the helper, where the logs are swapped", capability="C4", style="functional"),
-        Invalid("def kl_div(p, q, mask):\n"
-                "    return ((p * (p.log() - q.log())).sum(-1) * mask).sum(-1) / mask.sum(-1)\n"
-                "\n"
-                "\n"
-                "class Learner:\n"
-                "    def update(self, ids, mask, old_probs, old_lp, old_values, r, eps):\n"
-                "        logits = self.actor(ids).logits[:, :-1]\n"
-                "        lp = torch.log_softmax(logits, -1).gather(-1, ids[:, 1:, None]).squeeze(-1).sum(-1)\n"
-                "        with torch.no_grad():\n"
-                "            pen = 0.0\n"
-                "            if self.kl_weight > 0:\n"
-                "                pen = kl_div(old_probs, logits.softmax(-1), mask) * self.kl_weight\n"
-                "            r = r + pen\n"
-                "            a = r - old_values\n"
-                "            a = (a - a.mean()) / (a.std() + 1e-8)\n"
-                "        ratios = (lp - old_lp).exp()\n"
-                "        loss = -torch.min(ratios * a, ratios.clamp(1 - eps, 1 + eps) * a).mean()\n"
-                "        self.opt.zero_grad()\n"
-                "        loss.backward()\n"
-                "        self.opt.step()\n", line=13,
+        Invalid(_ADVANTAGE_MINUEND.format(shaped="            r = r + pen\n"), line=13,
                 why="no name says reward or KL: the penalty (a KL written out in a helper, 0 when switched off) is added "
                     "to the value the advantages weighing the PPO clip are computed from (r - old_values)",
                 capability="C3", style="class"),
-        Invalid("def pad_rows(rows, value):\n"
-                "    out = torch.full((len(rows), max(r.size(0) for r in rows), rows[0].size(-1)), value)\n"
-                "    for i, r in enumerate(rows):\n"
-                "        out[i][: r.size(0)] = r\n"
-                "    return out\n"
-                "\n"
-                "\n"
-                "def make_experience(policy, ref_model, critic, prompts, score_fn, beta, gamma, lam):\n"
-                "    with torch.no_grad():\n"
-                "        out = policy.generate(prompts, output_scores=True, return_dict_in_generate=True)\n"
-                "        seq = out.sequences[:, prompts.size(1):]\n"
-                "        z = pad_rows(list(torch.stack(out.scores, 1)), 0.0)\n"
-                "        a = torch.log_softmax(z, -1).gather(-1, seq.unsqueeze(-1)).squeeze(-1)\n"
-                "        y = ref_model(out.sequences).logits[:, prompts.size(1) - 1:-1]\n"
-                "        b = torch.log_softmax(y, -1).gather(-1, seq.unsqueeze(-1)).squeeze(-1)\n"
-                "        v = critic(out.sequences)[:, prompts.size(1) - 1:-1]\n"
-                "    r = beta * (a - b)\n"
-                "    r[:, -1] += score_fn(out.sequences)\n"
-                "    last = 0.0\n"
-                "    adv = []\n"
-                "    for t in reversed(range(r.size(1))):\n"
-                "        nv = v[:, t + 1] if t < r.size(1) - 1 else 0.0\n"
-                "        delta = r[:, t] + gamma * nv - v[:, t]\n"
-                "        last = delta + gamma * lam * last\n"
-                "        adv.append(last)\n"
-                "    return torch.stack(adv[::-1], 1), r\n", line=17,
+        Invalid(_GENERATION_KL.format(shaped="    r = beta * (a - b)\n"), line=17,
                 why="no name says log-probs, KL or reward: the sampling policy's log-probs come from the scores of a "
                     "generation (padded into a buffer by a helper), the other side from the reference, and the value is "
                     "the reward of a TD error", capability="C1", style="functional"),
