@@ -145,7 +145,7 @@ def advantage_minuend(a: "Analysis", d, depth: int = 2) -> bool:
     (``rewards = rearrange(rewards, 'b -> b 1')``)."""
     from rlguard.lint.analysis.roles import target_role_by_use
 
-    if "." in d.key or "[" in d.key:
+    if "." in d.key or "[" in d.key or d.key not in _minuend_names(a):
         return False
     for read in reads_of(a, d):
         node, parent = read, a.index.parent_of(read)
@@ -184,6 +184,33 @@ def _advantages(a: "Analysis", d, role_by_use, depth: int = 2) -> bool:
         return True
     return depth > 0 and any(_advantages(a, b, role_by_use, depth - 1)
                              for read in reads_of(a, d) for b in _bound_by(a, _whole_value(a, read)))
+
+
+def _minuend_names(a: "Analysis") -> frozenset[str]:
+    """Names an advantage may be computed from: the left operand of a subtraction whose result is bound to the
+    advantages by use, and names reshaped or copied into one of those (two steps): a cheap necessary condition for
+    :func:`advantage_minuend`, which every assignment is asked."""
+    from rlguard.lint.analysis.roles import target_role_by_use
+
+    def build(an):
+        found = set()
+        for op in an.nodes(cst.BinaryOperation):
+            if isinstance(op.operator, cst.Subtract) and isinstance(op.left, cst.Name) and op.left.value not in found:
+                if any(_advantages(an, b, target_role_by_use) for b in _bound_by(an, _whole_value(an, op))):
+                    found.add(op.left.value)
+        for _ in range(2):
+            for call in an.nodes(cst.Call):
+                func = call.func
+                if isinstance(func, cst.Attribute) and func.attr.value in _SAME_VALUE_CALLS:
+                    source = func.value
+                elif isinstance(func, cst.Name) and func.value in _SAME_VALUE_CALLS and call.args:
+                    source = call.args[0].value
+                else:
+                    continue
+                if isinstance(source, cst.Name) and any(b.key in found for b in _bound_by(an, call)):
+                    found.add(source.value)
+        return frozenset(found)
+    return a.facet("minuend_names", build)
 
 
 def _same_value_step(a: "Analysis", node, parent) -> cst.Call | None:
