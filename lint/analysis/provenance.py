@@ -208,6 +208,9 @@ class ObjectFacet(Facet):
         return node is not None and self.a.contains(func, node)
 
 
+_MADE_KEY = re.compile(r"new@(\d+)(?:#\d+)?")
+
+
 def _unwrapped(expr: cst.BaseExpression) -> cst.BaseExpression:
     """``m`` of ``m.module`` (a DDP/FSDP wrapper's wrapped model), else ``expr``."""
     return expr.value if isinstance(expr, cst.Attribute) and expr.attr.value == "module" else expr
@@ -386,8 +389,8 @@ class Models:
         if not ref.roots or not self.makes_deep_copies() or self.is_frozen(ref):
             return False
         for key in ref.roots:
-            call = self.objs.facet.calls.get(int(key.split("@", 1)[1].split("#", 1)[0])) if key.startswith("new@") \
-                else None
+            made = _MADE_KEY.fullmatch(key)  # `new@<call>` or `new@<call>#<frame>`; an element of one is no copy
+            call = self.objs.facet.calls.get(int(made.group(1))) if made else None
             if call is None or self.a.call_name(call) not in S.DEEP_COPY:
                 return False
         for call in self.a.nodes(cst.Call):
