@@ -297,6 +297,29 @@ class DetachedTargets(Rule):
               "forward; the rollout engine's log-probs carry no graph in view", capability="C1", style="script"),
         Valid(_UNWRAPPED_CRITIC.format(scored="    with torch.no_grad():\n        v = c(ids).squeeze(-1)\n"),
               "the critic behind the DDP unwrap idiom scores under no_grad", capability="C1", style="functional"),
+        Valid("import copy\n"
+              "import torch\n"
+              "import torch.nn.functional as F\n"
+              "\n"
+              "\n"
+              "def build(cfg):\n"
+              "    m = Net(cfg)\n"
+              "    return m, copy.deepcopy(m)\n"
+              "\n"
+              "\n"
+              "def train(cfg, batches, beta):\n"
+              "    model, twin = build(cfg)\n"
+              "    opt = torch.optim.Adam(model.parameters())\n"
+              "    for ids, labels in batches:\n"
+              "        a = -F.cross_entropy(twin(ids).logits[:, :-1].transpose(1, 2), labels, reduction=\"none\").sum(-1)\n"
+              "        b = -F.cross_entropy(model(ids).logits[:, :-1].transpose(1, 2), labels, reduction=\"none\").sum(-1)\n"
+              "        loss = -F.logsigmoid(beta * (b - a)).mean()\n"
+              "        opt.zero_grad()\n"
+              "        loss.backward()\n"
+              "        opt.step()\n",
+              "the copy comes out of a helper's returned tuple: an element of what the helper made is not known as a "
+              "fresh trainable copy (it may be frozen where the helper is changed), so nothing is said", capability="C1",
+              style="functional"),
         Valid("with torch.set_grad_enabled(False):\n"
               "    _, old_logp, _, value = agent.get_action_and_value(obs)\n", "set_grad_enabled(False)"),
         Valid("logp = compute_logp(policy, ids)\n"
