@@ -743,10 +743,9 @@ class ProvenanceFacet(Facet):
         return frozenset({Origin(PARAM, id(d.stmt), None, name=d.key)})
 
     def item(self, trace, container, entry):
-        if any(o.kind in (FORWARD, ROLLOUT) for o in container):
-            scores = self._rollout_scores(container, entry)
-            if scores is not None:
-                return scores
+        scores = self._rollout_scores(container, entry)
+        if scores is not None:
+            return scores
         if any(o.kind == FORWARD for o in container):
             return self._attribute(trace, container, entry)
         return frozenset({Origin(READ, 0, None, name=entry)}) if container or True else EMPTY

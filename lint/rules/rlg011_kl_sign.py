@@ -63,8 +63,9 @@ _GROUPED_REWARD = (
     "        return (g - g.mean(dim=1, keepdim=True)).view(-1)\n"
 )
 
-# a rollout that shapes the reward with the sampler's own log-probs against the reference's ({shaped})
-_GENERATION_KL = (
+# a rollout that shapes the reward with the sampler's own log-probs against the reference's ({shaped}); the
+# scores go straight to the log-softmax or through a padding helper that writes them into a buffer ({helper}, {z})
+_PAD_ROWS = (
     "def pad_rows(rows, value):\n"
     "    out = torch.full((len(rows), max(r.size(0) for r in rows), rows[0].size(-1)), value)\n"
     "    for i, r in enumerate(rows):\n"
@@ -72,11 +73,14 @@ _GENERATION_KL = (
     "    return out\n"
     "\n"
     "\n"
+)
+_GENERATION_KL = (
+    "{helper}"
     "def make_experience(policy, ref_model, critic, prompts, score_fn, beta, gamma, lam):\n"
     "    with torch.no_grad():\n"
     "        out = policy.generate(prompts, output_scores=True, return_dict_in_generate=True)\n"
     "        seq = out.sequences[:, prompts.size(1):]\n"
-    "        z = pad_rows(list(torch.stack(out.scores, 1)), 0.0)\n"
+    "        z = {z}\n"
     "        a = torch.log_softmax(z, -1).gather(-1, seq.unsqueeze(-1)).squeeze(-1)\n"
     "        y = ref_model(out.sequences).logits[:, prompts.size(1) - 1:-1]\n"
     "        b = torch.log_softmax(y, -1).gather(-1, seq.unsqueeze(-1)).squeeze(-1)\n"
@@ -194,7 +198,7 @@ class KlSign(Rule):
         Valid(_ADVANTAGE_MINUEND.format(shaped="            r = r - pen\n"),
               "a KL penalty (0 when switched off) subtracted from the value the advantages are computed from",
               capability="C3", style="class"),
-        Valid(_GENERATION_KL.format(shaped="    r = -beta * (a - b)\n"),
+        Valid(_GENERATION_KL.format(shaped="    r = -beta * (a - b)\n", z="pad_rows(list(torch.stack(out.scores, 1)), 0.0)", helper=_PAD_ROWS),
               "the sampler's log-probs (the log-softmax of the scores generate returned) minus the reference's, "
               "subtracted from the reward a TD error reads", capability="C1", style="functional"),
         Valid(_GROUPED_REWARD.format(sign="-"),
@@ -333,29 +337,11 @@ class KlSign(Rule):
                 why="no name says reward or KL: the penalty (a KL written out in a helper, 0 when switched off) is added "
                     "to the value the advantages weighing the PPO clip are computed from (r - old_values)",
                 capability="C3", style="class"),
-        Invalid(_GENERATION_KL.format(shaped="    r = beta * (a - b)\n"), line=17,
+        Invalid(_GENERATION_KL.format(shaped="    r = beta * (a - b)\n", z="pad_rows(list(torch.stack(out.scores, 1)), 0.0)", helper=_PAD_ROWS), line=17,
                 why="no name says log-probs, KL or reward: the sampling policy's log-probs come from the scores of a "
                     "generation (padded into a buffer by a helper), the other side from the reference, and the value is "
                     "the reward of a TD error", capability="C1", style="functional"),
-        Invalid("def make_experience(policy, ref_model, critic, prompts, score_fn, beta, gamma, lam):\n"
-                "    with torch.no_grad():\n"
-                "        out = policy.generate(prompts, output_scores=True, return_dict_in_generate=True)\n"
-                "        seq = out.sequences[:, prompts.size(1):]\n"
-                "        z = torch.stack(out.scores, 1)\n"
-                "        a = torch.log_softmax(z, -1).gather(-1, seq.unsqueeze(-1)).squeeze(-1)\n"
-                "        y = ref_model(out.sequences).logits[:, prompts.size(1) - 1:-1]\n"
-                "        b = torch.log_softmax(y, -1).gather(-1, seq.unsqueeze(-1)).squeeze(-1)\n"
-                "        v = critic(out.sequences)[:, prompts.size(1) - 1:-1]\n"
-                "    r = beta * (a - b)\n"
-                "    r[:, -1] += score_fn(out.sequences)\n"
-                "    last = 0.0\n"
-                "    adv = []\n"
-                "    for t in reversed(range(r.size(1))):\n"
-                "        nv = v[:, t + 1] if t < r.size(1) - 1 else 0.0\n"
-                "        delta = r[:, t] + gamma * nv - v[:, t]\n"
-                "        last = delta + gamma * lam * last\n"
-                "        adv.append(last)\n"
-                "    return torch.stack(adv[::-1], 1), r\n", line=10,
+        Invalid(_GENERATION_KL.format(shaped="    r = beta * (a - b)\n", z="torch.stack(out.scores, 1)", helper=""), line=10,
                 why="the KL estimate against the sampler's own log-probs is added to the per-step reward", capability="C1",
                 style="functional"),
         Invalid(_GROUPED_REWARD.format(sign="+"), line=13,
