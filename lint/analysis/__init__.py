@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 import libcst as cst
 
 from rlguard.lint.analysis.flow import Flow
-from rlguard.lint.analysis.index import Def, ModuleIndex, dotted_name, key_of
+from rlguard.lint.analysis.index import Def, ModuleIndex, dotted_name, key_of, read_name
 from rlguard.lint.names import Vocabulary
 
 if TYPE_CHECKING:
@@ -95,6 +95,18 @@ class Analysis:
             if isinstance(anc, (cst.For, cst.While)) and not _in_loop_header(anc, node, self.index):
                 loops.append(anc)
         return loops
+
+    def expects_error(self, node: cst.CSTNode) -> bool:
+        """Whether ``node`` runs inside ``with pytest.raises(...)`` or ``with self.assertRaises(...)``: code a test
+        runs to show that it is refused, not code that trains."""
+        for anc in self.index.ancestors(node):
+            if isinstance(anc, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
+                return False
+            if isinstance(anc, cst.With) and any(
+                    isinstance(item.item, cst.Call) and (read_name(item.item.func) or "").startswith(
+                        ("raises", "assertRaises")) for item in anc.items):
+                return True
+        return False
 
     # ----- names and calls -----------------------------------------------------------------------------------
     def call_name(self, call: cst.Call) -> str | None:

@@ -613,6 +613,11 @@ class _Walker:
                     isinstance(v, cst.StarredElement) for v in value.elements):
                 for el, val in zip(elements, value.elements):
                     self._bind(el, val.value, stmt, kind, op)
+            elif element is not None and kind == "assign":
+                # `(a, b), c = f()`: a position inside an element of a value that could not be split has no
+                # `element` to name it (`a` is not element 0 of `f()`): a binding of unknown value
+                for el in elements:
+                    self._bind(el, value, stmt, "other", op)
             else:
                 for pos, el in enumerate(elements):
                     self._bind(el, value, stmt, kind, op, element=None if starred else pos)

@@ -271,6 +271,21 @@ def interface_names(a: "Analysis", d: Def, wanted=None) -> list[str]:
             if (wanted is None or wanted(name)) and any(r is d for r in a.flow.reaching(d.key, read))]
 
 
+def interface_calls(a: "Analysis", d: Def, wanted) -> list[cst.Call]:
+    """The calls that receive the value bound by ``d`` under an interface name ``wanted`` accepts (a keyword, or
+    a same-module parameter it binds positionally), for a read that ``d`` reaches: what the callee is handed
+    beside it is read against it (``Trainer(model=m, ref_model=r)``)."""
+    def build(an):
+        grouped: dict = {}
+        for value, name, call in handed_values(an):
+            key = key_of(value)
+            if key is not None:
+                grouped.setdefault(key, []).append((value, name, call))
+        return grouped
+    return [call for value, name, call in a.facet("handed_values_by_key", build).get(d.key, ())
+            if wanted(name) and any(r is d for r in a.flow.reaching(d.key, value))]
+
+
 def _reaches(a: "Analysis", d: Def, reads) -> bool:
     return any(any(r is d for r in a.flow.reaching(d.key, read)) for read in reads)
 

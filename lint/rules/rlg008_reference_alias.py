@@ -12,7 +12,7 @@ from rlguard.lint.analysis import Analysis
 from rlguard.lint.analysis import semantics as S
 from rlguard.lint.analysis.index import children, key_of
 from rlguard.lint.analysis.provenance import Tup, models, objects
-from rlguard.lint.analysis.roles import interface_names
+from rlguard.lint.analysis.roles import handed_values, interface_names
 from rlguard.lint.analysis.reference import constant_routings, policy_reference_outputs, unused_selections
 from rlguard.lint.rule import Invalid, Rule, Valid, Violation
 
@@ -246,8 +246,42 @@ class ReferenceAlias(Rule):
               "    GRPOTrainer(model=base, ref_model=r, optimizer=opt).train()\n",
               why="the alias comes back from prepare in the policy's place; the reference is a model of its own",
               capability="C2", style="script"),
+        Valid("def run(cfg, load, Trainer):\n"
+              "    model = load(cfg.model_path)\n"
+              "    ref_model = load(cfg.model_path) if cfg.use_ref else None\n"
+              "    Trainer(model=model, ref_model=ref_model, args=cfg).train()\n",
+              why="a second model of its own (or none) handed as the reference", capability="C2", style="script"),
+        Valid("def test_same_model_is_refused(model, args):\n"
+              "    with pytest.raises(ValueError):\n"
+              "        DPOTrainer(model=model, ref_model=model, args=args)\n",
+              why="a test that shows the trainer refuses the policy as its reference", capability="C2",
+              style="script"),
+        Valid("def train(args, strategy, Actor, DPOTrainer):\n"
+              "    model = Actor(args.pretrain)\n"
+              "    ref_model = Actor(args.ref_pretrain)\n"
+              "    (model, optim, scheduler), ref_model = strategy.prepare((model, args.optim), ref_model)\n"
+              "    DPOTrainer(model=model, ref_model=ref_model, optim=optim, scheduler=scheduler).fit()\n",
+              why="a nested target of an unpacked call is no element of the call's arguments: `optim` is not the "
+                  "reference handed back", capability="C2", style="script"),
     ]
     INVALID = [
+        Invalid("def run(cfg, load, Trainer):\n"
+                "    model = load(cfg.model_path)\n"
+                "    if cfg.use_ref:\n"
+                "        ref_model = model\n"
+                "    else:\n"
+                "        ref_model = None\n"
+                "    Trainer(model=model, ref_model=ref_model, args=cfg).train()\n", line=7,
+                why="one object handed to one call as the model and as the reference, however the trainer is built",
+                capability="C2", style="script"),
+        Invalid("def main(config, trainers, tokenizer, batches):\n"
+                "    policy = AutoModelForCausalLM.from_pretrained(config.path)\n"
+                "    TrainerClass = getattr(trainers, config.trainer)\n"
+                "    frozen = policy\n"
+                "    frozen.eval()\n"
+                "    TrainerClass(tokenizer, config, batches, policy=policy, reference_model=frozen).train()\n",
+                line=6, why="the reference known by the keyword it is handed to, the same object as the policy "
+                            "handed beside it", capability="C2", style="script"),
         Invalid("from transformers import AutoModelForCausalLM, Trainer\n"
                 "class PairTrainer(Trainer):\n"
                 "    def __init__(self, model, args, ref_model=None):\n"
@@ -412,6 +446,10 @@ class ReferenceAlias(Rule):
                     yield Violation(value, "the reference model is the live policy object, so the KL to it is "
                                            "always 0; use copy.deepcopy(model).eval() or load a separate copy")
 
+        # 1b. one call handed the same object as its reference and as another of its arguments (`Trainer(
+        # model=m, ref_model=m)`, through any chain of aliases): whatever the callee does, its reference is the model
+        yield from _handed_twice(ctx, objs)
+
         def is_ref(expr) -> bool:
             found = objs.value(expr)
             if isinstance(found, Tup):
@@ -469,6 +507,28 @@ class ReferenceAlias(Rule):
                                             f"`{ctx.code(routing.live.func)}` (the actor with its adapter "
                                             f"disabled); without an adapter that is the live policy and the KL is 0: "
                                             f"derive the flag from the adapter setting")
+
+
+def _handed_twice(ctx: Analysis, objs) -> Iterator[Violation]:
+    for value, name, call in handed_values(ctx):
+        if not ctx.names.is_role(name, "ref_model") or ctx.expects_error(call):
+            continue
+        found = objs.value(value)
+        if not found or isinstance(found, Tup):
+            continue
+        roots = frozenset(o.key for o in found) - {"None"}  # a branch without a reference hands `None`
+        if not roots:
+            continue
+        for arg in call.args:
+            if arg.value is value or arg.star or (arg.keyword is not None and ctx.names.is_role(
+                    arg.keyword.value, "ref_model")):
+                continue
+            other = objs.value(arg.value)
+            if other and not isinstance(other, Tup) and roots <= frozenset(o.key for o in other):
+                yield Violation(value, f"`{ctx.code(value)}` is the very object this call is also handed as "
+                                       f"`{ctx.code(arg.value)}`: the reference is the live policy, so the KL to it "
+                                       f"is always 0; load a separate copy or use copy.deepcopy(...).eval()")
+                break
 
 
 def _binding_names(obj) -> tuple[str, ...]:
