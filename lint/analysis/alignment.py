@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 import libcst as cst
 
 from rlguard.lint.analysis import semantics as S
-from rlguard.lint.analysis.index import Def, key_entry, key_of
+from rlguard.lint.analysis.index import Def, children, key_entry, key_of
 from rlguard.lint.analysis.provenance import models
 from rlguard.lint.analysis.values import Facet, Frame, Trace
 
@@ -290,6 +290,12 @@ class AlignFacet(Facet):
         start = ONE if kind == ROOT_TOKEN else ZERO
         return Align(start, ZERO, f"{container.root}.{entry}", kind, name=entry)
 
+    def unknown_container(self, trace, expr, frame):
+        # `b = make_batch(...)` then `b["input_ids"]`, `b["labels"]`: entries of one record, whatever it holds
+        if self.side != "seq":
+            return None
+        return Align(ZERO, ZERO, self.root(expr, None, frame).root, ROOT_UNKNOWN)
+
     def element(self, trace, whole, position):
         if self.side == "logits" and position == 0:
             return whole  # logits, *rest = model(ids)
@@ -367,8 +373,9 @@ class AlignFacet(Facet):
             passes = LOGITS_PASS_METHODS if side == "logits" else SEQ_PASS_METHODS
             recv = S.receiver(call)
             if method in passes:
+                # a trailing axis (-1, or 2 and later: after [B, T]) keeps the time axis where it was
                 if method in ("unsqueeze", "squeeze") and side == "seq" and call.args and not _int_is(
-                        call.args[0].value, (-1,)):
+                        call.args[0].value, (-1, 2, 3)):
                     if method == "squeeze" and _int_is(call.args[0].value, (0,)):
                         return trace.value(recv, frame) or _UNKNOWN
                     return _UNKNOWN
@@ -392,7 +399,9 @@ class AlignFacet(Facet):
         if qname in ("torch.logical_and", "torch.logical_or") and len(call.args) >= 2:
             return self._either(trace, call.args[0].value, call.args[1].value, frame)
         if qname == "torch.where" and len(call.args) >= 3 and side == "seq":
-            return trace.value(call.args[2].value, frame) or _UNKNOWN  # where(cond, c, x) keeps x's positions
+            # where(cond, c, x) keeps x's positions, or c's when x is a scalar (`torch.where(mask, labels, 0)`)
+            kept = call.args[1].value if S.number_value(call.args[2].value) is not None else call.args[2].value
+            return trace.value(kept, frame) or _UNKNOWN
         if qname == "torch.roll" and call.args:
             return self._roll(trace, call.args[0].value, call, 1, frame)
         if qname in ("torch.cat", "torch.concat", "torch.concatenate") and side == "seq" and call.args:
@@ -863,6 +872,67 @@ def token_values(a: "Analysis") -> Trace:
 
 
 # ----- framework conventions: response columns (C8) -------------------------------------------------------------
+# ----- the Hugging Face label convention ----------------------------------------------------------------------
+IGNORE_INDEX = -100  # the label a Hugging Face loss skips (`CrossEntropyLoss`'s default `ignore_index`)
+
+
+def _is_ignore_index(a: "Analysis", expr: cst.BaseExpression, depth: int = 2) -> bool:
+    """``-100``, or a name whose every binding that reaches it is ``-100`` (a module constant, a parameter's
+    default such as ``label_pad_token_id=-100``)."""
+    if S.int_value(expr) == IGNORE_INDEX:
+        return True
+    if depth <= 0 or not isinstance(expr, cst.Name):
+        return False
+    defs = a.flow.reaching(expr.value, expr)
+    return bool(defs) and all(d.kind in ("assign", "param") and d.value is not None and d.element is None
+                              and _is_ignore_index(a, d.value, depth - 1) for d in defs)
+
+
+def skips_ignore_index(a: "Analysis", func: cst.FunctionDef, labels: cst.BaseExpression) -> bool:
+    """Whether ``func`` compares the labels it gathers with the ignore index (``labels != -100``,
+    ``labels[labels == -100] = 0``, ``labels.ne(label_pad_token_id)``): labels in the Hugging Face convention."""
+    names = {n.value for n in _names_in(labels)}
+    if not names:
+        return False
+    for node in a.nodes(cst.Comparison, cst.Call):
+        if not a.contains(func, node):
+            continue
+        if isinstance(node, cst.Comparison):
+            if len(node.comparisons) != 1 or not isinstance(node.comparisons[0].operator, (
+                    cst.Equal, cst.NotEqual)):
+                continue
+            sides = (node.left, node.comparisons[0].comparator)
+        elif a.method(node) in ("eq", "ne") and node.args and S.receiver(node) is not None:
+            sides = (S.receiver(node), node.args[0].value)
+        else:
+            continue
+        for this, that in (sides, sides[::-1]):
+            if isinstance(this, cst.Name) and this.value in names and _is_ignore_index(a, that):
+                return True
+    return False
+
+
+def _names_in(expr: cst.BaseExpression) -> list[cst.Name]:
+    found, stack = [], [expr]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, cst.Name):
+            found.append(node)
+        elif isinstance(node, cst.Attribute):
+            stack.append(node.value)
+        elif isinstance(node, (cst.Call, cst.Subscript, cst.Arg, cst.SubscriptElement, cst.Index)):
+            stack.extend(children(node))
+    return found
+
+
+def same_record(labels: Align, logits: Align) -> bool:
+    """Whether the labels and the sequence a model read are two entries of one record (``batch["labels"]``
+    and ``batch["input_ids"]``): what a Hugging Face collator builds at the same positions."""
+    if labels.root == logits.root or "." not in labels.root or "." not in logits.root:
+        return False
+    return labels.root.rsplit(".", 1)[0] == logits.root.rsplit(".", 1)[0]
+
+
 def _width_of(a: "Analysis", expr: cst.BaseExpression | None, key: str) -> bool:
     """``x.size(1)``, ``x.size(-1)``, ``x.shape[1]``, ``x.shape[-1]`` of the tensor read as ``key``."""
     if isinstance(expr, cst.Call) and a.method(expr) == "size" and len(expr.args) == 1 and _int_is(

@@ -87,6 +87,11 @@ class Facet(Generic[V]):
         """A definition that carries no expression (an import, a function statement, ``except ... as``)."""
         return self.unknown
 
+    def unknown_container(self, trace: "Trace", expr: cst.BaseExpression, frame: Frame | None) -> V:
+        """A container whose value is unknown (what an unplaced call returned), read for one of its entries: two
+        entries of it still come from the one container ``expr``."""
+        return self.unknown
+
     def element(self, trace: "Trace", whole: V, position: int) -> V:
         """Element ``position`` of a value unpacked into a tuple target (the value's expression unknown)."""
         return self.unknown
@@ -357,7 +362,10 @@ class Trace(Generic[V]):
                     return facet.join(parts)
             finally:
                 self._entries.discard(active)
-        return facet.item(self, self.value(container, frame), entry)
+        whole = self.value(container, frame)
+        if whole is facet.unknown:
+            whole = facet.unknown_container(self, container, frame)
+        return facet.item(self, whole, entry)
 
     def _dict_comp_entry(self, comp: cst.DictComp, entry: str, frame: Frame | None) -> V:
         """``{k: f(v) for k, v in src.items()}['entry']`` is ``f(src['entry'])``."""

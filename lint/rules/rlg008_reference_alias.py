@@ -256,6 +256,10 @@ class ReferenceAlias(Rule):
               "        DPOTrainer(model=model, ref_model=model, args=args)\n",
               why="a test that shows the trainer refuses the policy as its reference", capability="C2",
               style="script"),
+        Valid("from dataclasses import dataclass, field\n"
+              "@dataclass\nclass Timing:\n    started: float = field(default=0.0, init=False, repr=False)\n",
+              why="one constant handed to two keywords (`init` reads like a reference's name): no model",
+              capability="C2", style="script"),
         Valid("def train(args, strategy, Actor, DPOTrainer):\n"
               "    model = Actor(args.pretrain)\n"
               "    ref_model = Actor(args.ref_pretrain)\n"
@@ -516,15 +520,18 @@ def _handed_twice(ctx: Analysis, objs) -> Iterator[Violation]:
         found = objs.value(value)
         if not found or isinstance(found, Tup):
             continue
-        roots = frozenset(o.key for o in found) - {"None"}  # a branch without a reference hands `None`
-        if not roots:
+        # objects a call may be handed twice without sharing a model: constants and globals (`None` where a
+        # branch has no reference, `init=False, repr=False`)
+        roots = frozenset(o.key for o in found if o.kind != "global")
+        if not roots or any(o.kind == "global" and o.key != "None" for o in found):
             continue
         for arg in call.args:
             if arg.value is value or arg.star or (arg.keyword is not None and ctx.names.is_role(
                     arg.keyword.value, "ref_model")):
                 continue
             other = objs.value(arg.value)
-            if other and not isinstance(other, Tup) and roots <= frozenset(o.key for o in other):
+            if other and not isinstance(other, Tup) and roots <= frozenset(o.key for o in other
+                                                                           if o.kind != "global"):
                 yield Violation(value, f"`{ctx.code(value)}` is the very object this call is also handed as "
                                        f"`{ctx.code(arg.value)}`: the reference is the live policy, so the KL to it "
                                        f"is always 0; load a separate copy or use copy.deepcopy(...).eval()")

@@ -5,13 +5,43 @@ from __future__ import annotations
 from typing import Iterator
 
 
+import libcst as cst
+
 from rlguard.catalog import LOGITS_LABEL_SHIFT
 from rlguard.lint.analysis import Analysis
 from rlguard.lint.analysis.alignment import (ROOT_IDS, ROOT_LOGITS, GatherSite, alignment, gather_sites,
-                                             response_columns)
+                                             response_columns, same_record, skips_ignore_index)
 from rlguard.lint.analysis.grad import call_sites
 from rlguard.lint.analysis.values import Frame
 from rlguard.lint.rule import Invalid, Rule, Valid, Violation
+
+
+# a log-prob helper in the Hugging Face label convention (-100 where a token is skipped), and its callers
+_HF_HELPER = ("def batch_logps(logits, labels, label_pad_token_id=-100):\n"
+              "{shift}"
+              "    mask = labels != {skip}\n"
+              "    labels = torch.where(mask, labels, 0)\n"
+              "    logp = torch.gather(logits.log_softmax(-1), 2, labels.unsqueeze(2)).squeeze(2)\n"
+              "    return (logp * mask).sum(-1)\n")
+_HF_SHIFT = "    labels = labels[:, 1:].clone()\n    logits = logits[:, :-1, :]\n"
+_HF_SHIFT_UNLESS_SEQ2SEQ = ("    if not is_encoder_decoder:\n        labels = labels[:, 1:].clone()\n"
+                            "        logits = logits[:, :-1, :]\n")
+_HF_CALLER = ("\ndef forward(model, batch):\n"
+              "    out = model(batch['input_ids'], attention_mask=batch['attention_mask'])\n"
+              "    return batch_logps(out.logits, batch['labels'])\n")
+_HF_CALLER_MADE = ("\ndef forward(self, model, pairs):\n"
+                   "    merged = self.concatenate(pairs)\n"
+                   "    logits = model(merged['concatenated_input_ids']).logits\n"
+                   "    return batch_logps(logits, merged['concatenated_labels'])\n"
+                   "\n"
+                   "def concatenate(self, pairs):\n"
+                   "    out = {}\n"
+                   "    for k in pairs:\n"
+                   "        out[k.replace('chosen', 'concatenated')] = pairs[k]\n"
+                   "    return out\n")
+_HF_CALLER_SEQ2SEQ = ("\ndef forward(model, batch):\n"
+                      "    out = model(batch['input_ids'], decoder_input_ids=batch['decoder_input_ids'])\n"
+                      "    return batch_logps(out.logits, batch['labels'])\n")
 
 
 class LogitsLabelShift(Rule):
@@ -37,6 +67,14 @@ class LogitsLabelShift(Rule):
     model call are cut with the width of the tensor they are gathered against (`R = responses.size(-1)`,
     `logits[:, -R:]` against `responses`), that tensor is taken as the last `R` columns of the model's input, so
     `[:, -R - 1:-1]` is the shift and `[:, -R:]` is not.
+
+    Hugging Face labels: a helper that skips the ignore index (`labels != -100`, or a name bound to -100 such as a
+    `label_pad_token_id=-100` default) reads its labels in the Hugging Face convention, where the labels stand at
+    the positions of the input ids (the model, or the code that gathers, shifts them). When a caller hands it the
+    logits of a model call and the labels entry of the record whose input-ids entry the model read
+    (`batch["labels"]` beside `model(batch["input_ids"])`, a record built by a helper included), the helper must
+    shift; if it does not, the finding is reported in the helper. Not when an encoder-decoder forward
+    (`decoder_input_ids=`) is in view, nor when the shift is skipped only on an encoder-decoder branch.
 
     ## Why it is wrong
     A causal LM's `logits[:, t]` is the distribution of token `t + 1`. Gathering it at token `t` scores each
@@ -74,6 +112,19 @@ class LogitsLabelShift(Rule):
                 r"|get_at\(|log_?probs?_(?:from|of)_|selective_log_softmax|logps?_from|log_softmax_and_gather")
 
     VALID = [
+        Valid(_HF_HELPER.format(shift=_HF_SHIFT, skip="-100") + _HF_CALLER,
+              why="Hugging Face labels shifted with the logits inside the helper", capability="C4", style="framework"),
+        Valid(_HF_HELPER.format(shift=_HF_SHIFT_UNLESS_SEQ2SEQ, skip="-100") + _HF_CALLER,
+              why="the shift skipped for an encoder-decoder model only: no telling which one runs", capability="C4",
+              style="framework"),
+        Valid(_HF_HELPER.format(shift="", skip="-100") + _HF_CALLER_SEQ2SEQ,
+              why="an encoder-decoder forward: the decoder's logits stand at their labels' positions",
+              capability="C4", style="framework"),
+        Valid("def batch_logps(logits, labels):\n"
+              "    return torch.gather(logits.log_softmax(-1), 2, labels.unsqueeze(2)).squeeze(2).sum(-1)\n"
+              + _HF_CALLER,
+              why="a helper that never skips an ignore index says nothing of its labels' convention: the caller's "
+                  "labels may be shifted already", capability="C4", style="framework"),
         Valid("logits = model(ids).logits\n"
               "logp = logits[:, :-1].log_softmax(-1).gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1)\n",
               "the canonical shift"),
@@ -183,6 +234,13 @@ class LogitsLabelShift(Rule):
     ]
 
     INVALID = [
+        Invalid(_HF_HELPER.format(shift="", skip="-100") + _HF_CALLER, line=4,
+                why="the helper skips the ignore index, so its labels are Hugging Face labels; the caller hands it "
+                    "the record's labels beside the input ids the model read: each logit against its own token",
+                capability="C4", style="framework"),
+        Invalid(_HF_HELPER.format(shift="", skip="label_pad_token_id") + _HF_CALLER_MADE, line=4,
+                why="the ignore index as a parameter's default; the record made by a helper of the module",
+                capability="C4", style="framework"),
         Invalid("def score(ref_model, rollout_engine, prompt_ids, pad_id):\n"
                 "    out = rollout_engine.rollout(prompt_ids=prompt_ids)\n"
                 "    gen = out.samples\n"
@@ -318,7 +376,17 @@ class LogitsLabelShift(Rule):
                     continue
                 for site in func_sites:
                     message = _judge(ctx, site, frame)
-                    if message is not None and id(call) not in reported:
+                    if message is None:
+                        continue
+                    if _hf_labels(ctx, site, frame):
+                        # the helper itself reads its labels as Hugging Face labels (it skips the ignore index),
+                        # so the missing shift is its own: reported where it gathers, once
+                        if id(site.node) not in reported:
+                            reported.add(id(site.node))
+                            yield Violation(site.node, f"{message} (the labels are Hugging Face labels: the entry "
+                                                       f"beside the model's input in one record, at the input's "
+                                                       f"positions, as `{ctx.code(call)[:60]}` hands them)")
+                    elif id(call) not in reported:
                         reported.add(id(call))
                         yield Violation(call, f"in `{func.name.value}` called here: {message}")
 
@@ -330,9 +398,14 @@ def _judge(ctx: Analysis, site: GatherSite, frame: Frame | None) -> str | None:
     labels = alignment(ctx, "seq").value(site.labels, frame)
     if frame is None and (labels is None or not labels.moved and labels.root != logits.root):
         labels = response_columns(ctx, site.labels, logits, site.node) or labels  # C8: responses, last R columns
-    if labels is None or labels.kind != ROOT_IDS and not (logits.model and labels.root == logits.root):
+    if labels is None:
+        return None
+    # Hugging Face labels: the entry beside the model's input in one record, skipped at the ignore index where
+    # they are gathered, are that input's positions (the model, or here the trainer, shifts them)
+    same_sequence = logits.model and (logits.root == labels.root or same_record(labels, logits) and _hf_labels(
+        ctx, site, frame))
+    if labels.kind != ROOT_IDS and not same_sequence:
         return None  # labels are token ids by their name, or by being the very sequence the model reads
-    same_sequence = logits.model and logits.root == labels.root
     both_moved = logits.moved and labels.moved
     if not (same_sequence or both_moved or (frame is None and _shifts_its_labels(ctx, site, logits, labels))):
         return None
@@ -351,6 +424,19 @@ def _judge(ctx: Analysis, site: GatherSite, frame: Frame | None) -> str | None:
     else:
         what = f"the labels are {k:+d} positions from the logits' own positions (the next token is +1)"
     return f"{what}; logits[:, t] predicts ids[:, t+1]: gather logits[:, :-1] against ids[:, 1:]"
+
+
+def _hf_labels(ctx: Analysis, site: GatherSite, frame: Frame | None) -> bool:
+    """The labels gathered at ``site`` follow the Hugging Face convention: the function that gathers them skips the
+    ignore index, and no encoder-decoder forward (``decoder_input_ids=``) is in view of it or its caller, where the
+    decoder's logits already stand at their labels' positions."""
+    func = ctx.enclosing_function(site.node)
+    if func is None or not skips_ignore_index(ctx, func, site.labels):
+        return False
+    scopes = [func] + ([ctx.enclosing_function(frame.call)] if frame is not None and frame.call is not None else [])
+    return not any(scope is not None and any(
+        arg.keyword is not None and arg.keyword.value == "decoder_input_ids"
+        for call in ctx.nodes(cst.Call) if ctx.contains(scope, call) for arg in call.args) for scope in scopes)
 
 
 def _shifts_its_labels(ctx: Analysis, site: GatherSite, logits, labels) -> bool:
