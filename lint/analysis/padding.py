@@ -299,6 +299,33 @@ def splat_keys(a: "Analysis", call: cst.Call) -> frozenset[str] | None:
     return frozenset(keys)
 
 
+def own_kwargs_splat(a: "Analysis", call: cst.Call) -> tuple[frozenset[str], frozenset[str]] | None:
+    """For a call whose only ``**`` argument is the enclosing function's own ``**kwargs`` parameter, (the keys the
+    function itself stores into it, the keys it cannot hold): a name the function takes as a parameter of its own
+    never arrives in its ``**kwargs`` (Python binds it to the parameter), whatever the callers pass. None for any
+    other splat, or when the function does more with the dict than store constant keys and read entries."""
+    func = a.enclosing_function(call)
+    star = func.params.star_kwarg if func is not None else None
+    if star is None:
+        return None
+    own = star.name.value
+    splats = [arg for arg in call.args if arg.star == "**"]
+    if len(splats) != 1 or not isinstance(splats[0].value, cst.Name) or splats[0].value.value != own or any(
+            d.kind != "param" for d in a.flow.reaching(own, splats[0].value)):
+        return None
+    stored: set[str] = set()
+    for read in a.index.descendants(func, cst.Name):
+        if read.value != own or read is splats[0].value or isinstance(a.index.parent_of(read), cst.Param):
+            continue
+        found = _stored_key(a, read)
+        if found is False:
+            return None
+        stored |= found
+    named = frozenset(p.name.value for p in (*func.params.posonly_params, *func.params.params,
+                                              *func.params.kwonly_params))
+    return frozenset(stored), named
+
+
 def _constant_keys(expr: cst.BaseExpression) -> set[str] | None:
     if isinstance(expr, cst.Dict):
         out = set()
@@ -313,6 +340,27 @@ def _constant_keys(expr: cst.BaseExpression) -> set[str] | None:
     return None
 
 
+def _constant_strings(a: "Analysis", expr: cst.BaseExpression, depth: int = 2) -> set[str] | None:
+    """The strings ``expr`` can be: a literal, ``"a" if c else "b"``, a name bound only to such values; else None."""
+    value = S.string_value(expr)
+    if value is not None:
+        return {value}
+    if isinstance(expr, cst.IfExp):
+        body, orelse = _constant_strings(a, expr.body, depth), _constant_strings(a, expr.orelse, depth)
+        return body | orelse if body is not None and orelse is not None else None
+    if isinstance(expr, cst.Name) and depth > 0:
+        defs = a.flow.reaching(expr.value, expr)
+        out: set[str] = set()
+        for d in defs:
+            found = _constant_strings(a, d.value, depth - 1) if d.kind == "assign" and d.element is None and \
+                d.value is not None else None
+            if found is None:
+                return None
+            out |= found
+        return out if defs else None
+    return None
+
+
 def _stored_key(a: "Analysis", name: cst.Name) -> "set[str] | bool":
     """What one more mention of a splatted dict does: the keys it stores (``d["k"] = v``, ``d.update(k=v)``), an
     empty set for its binding or a read of one entry, False for anything that may add unknown keys."""
@@ -321,8 +369,13 @@ def _stored_key(a: "Analysis", name: cst.Name) -> "set[str] | bool":
             t.target for t in parent.targets]):
         return set()
     if isinstance(parent, cst.Subscript) and parent.value is name and len(parent.slice) == 1 and isinstance(
-            parent.slice[0].slice, cst.Index) and isinstance(parent.slice[0].slice.value, cst.SimpleString):
-        return {parent.slice[0].slice.value.evaluated_value}  # a store adds the key, a read is harmless
+            parent.slice[0].slice, cst.Index):
+        keys = _constant_strings(a, parent.slice[0].slice.value)
+        if keys is not None:
+            return keys  # a store adds the key, a read is harmless
+    if isinstance(parent, (cst.If, cst.While)) and parent.test is name or isinstance(parent, cst.ComparisonTarget) \
+            and isinstance(parent.operator, (cst.In, cst.NotIn)):
+        return set()  # `if d:`, `"k" in d`: reads that add nothing
     if isinstance(parent, cst.Attribute) and parent.value is name:
         call = a.index.parent_of(parent)
         if parent.attr.value in ("get", "keys", "items", "values", "pop") and isinstance(call, cst.Call):
@@ -408,10 +461,11 @@ def _from_parameter(a: "Analysis", ids: cst.BaseExpression, mask_param: Def) -> 
             root = root.value
             continue
         break
-    if not isinstance(root, cst.Name) or not re.fullmatch(r"(?i)(\w+_)?(input_)?ids", root.value):
+    if not isinstance(root, cst.Name) or not (re.fullmatch(r"(?i)(\w+_)?(input_)?ids", root.value) or (
+            root.value != "labels" and a.names.is_role(root.value, "ids"))):
         return False
-    defs = a.flow.reaching(root.value, root)
-    return len(defs) == 1 and defs[0].kind == "param" and defs[0] is not mask_param
+    # on one path at least the ids are the parameter itself (another may unpad them, with a layout of its own)
+    return any(d.kind == "param" and d is not mask_param for d in a.flow.reaching(root.value, root))
 
 
 def _mask_kind(a: "Analysis", key: str, value: cst.BaseExpression, ids: cst.BaseExpression,

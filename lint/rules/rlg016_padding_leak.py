@@ -8,12 +8,26 @@ import libcst as cst
 
 from rlguard.catalog import PADDING_LEAK
 from rlguard.lint.analysis import Analysis
+from rlguard.lint.analysis import semantics as S
+from rlguard.lint.analysis.depends import same_value
 from rlguard.lint.analysis.padding import (LAYOUT_KEYWORDS, OTHER_INPUT_MASK, MaskCandidate, attention_masks,
                                           calls_helper, forward_candidate_ids, hands_attention_masks,
-                                          masked_sibling, model_forward_ids, splat_keys)
+                                          masked_sibling, model_forward_ids, own_kwargs_splat,
+                                          splat_keys)
 from rlguard.lint.analysis.provenance import forwards
 from rlguard.lint.analysis.uses import Use, def_consumers
 from rlguard.lint.rule import Invalid, Rule, Valid, Violation
+
+
+# an actor's forward that takes ids, their mask and extra inputs as **kwargs, with positions from the mask
+_ACTOR_FORWARD = ("class Actor(nn.Module):\n"
+                  "    def forward(self, sequences, attention_mask=None, **extra):\n"
+                  "        position_ids = attention_mask.long().cumsum(-1) - 1\n"
+                  "        position_ids.masked_fill_(attention_mask == 0, 1)\n"
+                  "        if extra:\n"
+                  "            extra['token_type_ids'] = (sequences == 7).long()\n"
+                  "        out = self.model(sequences, {mask}position_ids=position_ids, **extra)\n"
+                  "        return out['logits']\n")
 
 
 class PaddingLeak(Rule):
@@ -34,18 +48,21 @@ class PaddingLeak(Rule):
     - the `attention_mask` entry of the batch the ids are the `input_ids` of (`batch["attention_mask"]`,
       `batch.get("attention_mask")`, `batch.attention_mask`);
     - a parameter named for the attention mask when the ids are rows of the token-id parameter beside it (parameter
-      names are the function's interface);
+      names are the function's interface; on one path at least, another may unpad them);
     - a block mask of rows packed into one sequence (`seg[:, None] == seg[None, :]`), or a local named as an
       attention mask computed from the same data as the packed ids.
 
-    The rule reports when that mask is not passed to the forward and is used for nothing but attention
-    elsewhere: never used at all, or passed as `attention_mask=` to another forward or to `generate`. It also
+    The rule reports when that mask is not passed to the forward and is used for nothing but attention and the
+    rows' layout elsewhere: never used at all, passed as `attention_mask=` to another forward or to `generate`,
+    or read for the rows' positions (`mask.long().cumsum(-1)`, the `mask == 0` slots) or for unpadding them (a call
+    handed the ids and the mask together): positions alone do not hide the padding from attention. It also
     reports, whatever else the mask serves, a forward of ids that another call of the same function hands with
     `attention_mask=m` (`m` holding the same value at both calls; the policy and the critic get the mask, the
     reference does not). It is silent when the forward takes any mask or a packed layout (`attention_mask=`,
     `cu_seqlens=`, `packed_seq_params=`...; an image's `pixel_attention_mask=` is not the text's), a second
     positional argument, or a `**` splat of a dict whose keys are unknown or include a mask (a local dict built
-    with constant keys is read), when the other forward is on the other arm of an if (a packed and an unpadded
+    with constant keys is read; the function's own `**kwargs` never holds a name the function takes as a
+    parameter, so when it takes the mask by name its `**kwargs` cannot hand it on), when the other forward is on the other arm of an if (a packed and an unpadded
     path), and otherwise when the mask also serves the loss or anything else (a causal model reads right-padded
     rows correctly without a mask, and a function that masks its loss with it may rely on that).
 
@@ -101,6 +118,12 @@ class PaddingLeak(Rule):
                 r"(?:!=|ne\(|not_equal\()[\w\s.,()\[\]:+*-]{0,200}?pad")
 
     VALID = [
+        Valid(_ACTOR_FORWARD.format(mask="attention_mask=attention_mask, "),
+              why="the mask and the positions it gives both handed to the forward", capability="C3", style="class"),
+        Valid(_ACTOR_FORWARD.format(mask="").replace("attention_mask=None, ", "").replace(
+            "attention_mask", "extra['attention_mask']"),
+              why="no mask parameter: the **kwargs the forward is handed may carry the mask", capability="C3",
+              style="class"),
         Valid("def score(model, batch):\n"
               "    input_ids = batch['input_ids']\n"
               "    attention_mask = batch['attention_mask']\n"
@@ -194,6 +217,9 @@ class PaddingLeak(Rule):
               "an image mask beside the text mask", capability="C3", style="class"),
     ]
     INVALID = [
+        Invalid(_ACTOR_FORWARD.format(mask=""), line=7,
+                why="the function takes the mask by name, so its **kwargs cannot hold it; the mask only gives the "
+                    "positions, which do not hide the padding", capability="C3", style="class"),
         Invalid("def score(model, ids, tokenizer):\n"
                 "    attention_mask = (ids != tokenizer.pad_token_id).long()\n"
                 "    logits = model(ids).logits\n"
@@ -309,7 +335,7 @@ class PaddingLeak(Rule):
                 uses = def_consumers(ctx, mask.d)
                 if any(u.node is call or ctx.contains(call, u.node) for u in uses):
                     continue
-                if all(_attention_use(u) for u in uses):
+                if all(_attention_use(u) or _layout_use(ctx, u, ids) for u in uses):
                     violation = Violation(call, _message(ctx, call, ids, mask, uses))
                     violation.preview = mask.kind == "named"
                     yield violation
@@ -320,7 +346,14 @@ def _takes_layout(ctx: Analysis, call: cst.Call) -> bool:
     """Whether the forward is handed a mask or a row layout (or could be: a splat of unknown keys, a second
     positional argument)."""
     splatted = splat_keys(ctx, call)
-    if splatted is None or any(_row_layout(k) for k in splatted):
+    if splatted is None:
+        # the function's own `**kwargs`: open, but never holding a name the function takes as a parameter; when
+        # the function takes the mask by name, its `**kwargs` cannot hand the forward that mask
+        own = own_kwargs_splat(ctx, call)
+        if own is None or not any(_row_layout(name) for name in own[1]):
+            return True
+        splatted = own[0]
+    if any(_row_layout(k) for k in splatted):
         return True
     positional = 0
     for arg in call.args:
@@ -350,6 +383,31 @@ def _attention_use(use: Use) -> bool:
         name = str(use.detail or "").lower()
         return "attention" in name or "attn" in name
     return False
+
+
+def _layout_use(ctx: Analysis, use: Use, ids) -> bool:
+    """A use that reads the mask as the layout of the ids' rows: their positions (``mask.cumsum(-1)``, the
+    ``mask == 0`` slots filled in them), or unpadding them (a call handed the ids and the mask together). Positions
+    alone do not hide padding from attention: the forward still needs the mask."""
+    if use.kind == "method" and use.detail == "cumsum":
+        return True
+    if use.kind == "compare":
+        return isinstance(use.node, cst.Comparison) and any(
+            S.int_value(side) in (0, 1) for side in (use.node.left, *(c.comparator for c in use.node.comparisons)))
+    if use.kind == "argument" and isinstance(use.node, cst.Call):
+        return any(same_value(ctx, arg.value, ids) or _one_path_of(ctx, arg.value, ids)
+                   for arg in use.node.args if not arg.star)
+    return False
+
+
+def _one_path_of(ctx: Analysis, expr, ids) -> bool:
+    """``expr`` is a name whose every binding reaching it also reaches ``ids`` (``sequences`` handed to an unpad
+    call, the forward reading either those ids or the unpadded ones)."""
+    if not isinstance(expr, cst.Name) or not isinstance(ids, cst.Name) or expr.value != ids.value:
+        return False
+    at_ids = {id(d) for d in ctx.flow.reaching(ids.value, ids)}
+    defs = ctx.flow.reaching(expr.value, expr)
+    return bool(defs) and all(id(d) in at_ids for d in defs)
 
 
 def _sibling_message(ctx: Analysis, call: cst.Call, ids, other: cst.Call, mask) -> str:
