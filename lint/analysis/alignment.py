@@ -334,6 +334,13 @@ class AlignFacet(Facet):
         if isinstance(expr, cst.BinaryOperation):
             if isinstance(expr.operator, (cst.Divide, cst.Multiply)) and side == "logits":
                 return trace.value(expr.left, frame) or _UNKNOWN
+            if isinstance(expr.operator, cst.Multiply) and side == "seq":
+                # `mask * ids[:, 1:]`: two known operands at different positions give no one layout (the values
+                # are the ids', the zeros the mask's)
+                left, right = trace.value(expr.left, frame), trace.value(expr.right, frame)
+                if left is not None and right is not None and (left.moved or right.moved) and (
+                        left.s != right.s or left.e != right.e):
+                    return _UNKNOWN
             if isinstance(expr.operator, (cst.BitAnd, cst.BitOr, cst.Multiply)):
                 return self._either(trace, expr.left, expr.right, frame)
             return _UNKNOWN

@@ -112,6 +112,12 @@ class LogitsLabelShift(Rule):
                 r"|get_at\(|log_?probs?_(?:from|of)_|selective_log_softmax|logps?_from|log_softmax_and_gather")
 
     VALID = [
+        Valid("def chosen_logps(prompt_mask, ids, attention_mask, logits):\n"
+              "    mask = attention_mask[:, :-1] > prompt_mask[:, 1:]\n"
+              "    lp = torch.gather(logits[:, :-1, :].log_softmax(-1), dim=2, index=(mask * ids[:, 1:]).unsqueeze(2))\n"
+              "    return (lp.squeeze(2) * mask).sum(1) / mask.sum(1)\n",
+              why="the index is the next tokens zeroed by a mask at the logits' positions: the product has no one "
+                  "layout, the ids give the values", capability="C7", style="functional"),
         Valid(_HF_HELPER.format(shift=_HF_SHIFT, skip="-100") + _HF_CALLER,
               why="Hugging Face labels shifted with the logits inside the helper", capability="C4", style="framework"),
         Valid(_HF_HELPER.format(shift=_HF_SHIFT_UNLESS_SEQ2SEQ, skip="-100") + _HF_CALLER,
