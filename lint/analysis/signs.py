@@ -286,6 +286,10 @@ class Signs:
             key = key_of(expr)
             defs = self.a.flow.reaching(key, expr) if key is not None and depth > 0 else []
             values = [d for d in defs if d.kind in ("assign", "aug") and d.value is not None]
+            if any(d.kind == "param" for d in defs):
+                # `if kl_coef <= 0: kl_coef = 0.0` on a parameter: the term switched off, no sign of its own; the
+                # parameter's sign is the scaling's
+                values = [d for d in values if S.number_value(d.value) != 0]
             if values and all(d.key != key for d in values):
                 # only the container's binding reaches (``args = parser.parse_args()``, ``cfg = load(...)``): the
                 # field itself is defined nowhere in view, so it is a setting read from that container

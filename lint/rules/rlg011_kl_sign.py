@@ -32,6 +32,14 @@ IMPLICIT_REWARD_NAME = re.compile(r"(?i)\w*implicit\w*|(chosen|rejected|policy|r
 # flagged with the KL added to the reward ({sign} = +), clean with it subtracted
 # a KL-shaped value copied into the tensor a TD error reads as its reward ({sign}: "-" subtracts the penalty;
 # {discount}: a factor on the discounted next value)
+# a reward-shaping helper handed the KL (OpenRLHF-style): the score at the last token, the KL term at every token
+_SHAPED_REWARD = ("def compute_reward(r, kl_coef, kl, action_mask):\n"
+                  "    if kl_coef <= 0.0:\n"
+                  "        kl_coef = 0.0\n"
+                  "    kl_reward = {kl_sign}kl_coef * kl\n"
+                  "    last = action_mask.size(1) - 1 - action_mask.long().fliplr().argmax(dim=1, keepdim=True)\n"
+                  "    score = torch.zeros_like(kl).scatter_(dim=1, index=last, src=r.unsqueeze(1))\n"
+                  "    return score + kl_reward\n")
 _TD_REWARD = (
     "def advantages(policy, ref_model, ids, values, done, score, beta, gamma):\n"
     "    with torch.no_grad():\n"
@@ -148,8 +156,11 @@ class KlSign(Rule):
     The roles also come from how values are made and used, not only from names: the log-softmax of the scores a
     generation call returned (`generate(..., output_scores=True)`, then `out.scores`) is the sampling policy's
     log-probs, the policy's side of a KL to the reference; a value that a one-step TD error reads as its reward
-    (`r[:, t] + gamma * V[:, t + 1] - V[:, t]`), itself or through a copy, is a reward. A reward copied from a
-    value already reported is not reported again.
+    (`r[:, t] + gamma * V[:, t + 1] - V[:, t]`), itself or through a copy, is a reward; what a function named for
+    the reward returns is a reward (`def compute_rewards(scores, kl_coef, kl): return scores - kl_coef * kl`). A
+    reward copied from, or adding, a value already reported is the same fault: reported once, where a finding
+    that needs no local name can say it. A coefficient a parameter hands in keeps its sign when the function
+    switches it off at 0 (`if kl_coef <= 0: kl_coef = 0.0`).
 
     ## Why it is wrong
     The KL term keeps the policy near the reference model. With the wrong sign it *rewards* moving away: the KL to
@@ -195,6 +206,11 @@ class KlSign(Rule):
                      "rewards keyword, parameter or string key, is stored under one (`batch['token_level_rewards'] "
                      "= ...`), or is what a rewards function returns)")
     VALID = [
+        Valid(_SHAPED_REWARD.format(kl_sign="-"), why="the KL handed in is subtracted from the score",
+              capability="C3", style="functional"),
+        Valid("def compute_rewards(scores, kl_coef, kl):\n    return scores - kl_coef * kl\n",
+              why="the reward returned straight from a function named for it, the KL subtracted", capability="C3",
+              style="functional"),
         Valid(_ADVANTAGE_MINUEND.format(shaped="            r = r - pen\n"),
               "a KL penalty (0 when switched off) subtracted from the value the advantages are computed from",
               capability="C3", style="class"),
@@ -525,6 +541,13 @@ class KlSign(Rule):
                 "    return data\n", line=5,
                 why="the coefficient is an adaptive KL controller's value (a parameter named for the controller)",
                 capability="C6", style="framework"),
+        Invalid(_SHAPED_REWARD.format(kl_sign=""), line=7,
+                why="a function named for the reward adds the KL it is handed (a parameter: its interface) to the "
+                    "score; the coefficient switched off at 0 keeps its sign; reported once, where the reward is",
+                capability="C3", style="functional"),
+        Invalid("def compute_rewards(scores, kl_coef, kl):\n    return scores + kl_coef * kl\n", line=2,
+                why="the reward returned straight from a function named for it", capability="C3",
+                style="functional"),
         Invalid(_TD_REWARD.format(sign="", discount=""), line=5,
                 why="the KL-shaped value is copied into the tensor a TD error reads as its reward (r[:, t] + gamma * "
                     "V[:, t + 1] - V[:, t]): a reward by that use, whatever it is called; reported where the KL "
@@ -551,7 +574,7 @@ def _reward_terms(ctx: Analysis) -> Iterator[Violation]:
     def stop(expr, frame):
         return quantity.sign("kl", expr, frame) is not None
 
-    reported: set[int] = set()
+    found: list[tuple] = []  # (definition, node, fix, preview, the operand whose KL is added)
     for stmt in ctx.nodes(cst.Assign, cst.AugAssign):
         for d in ctx.index.stmt_defs.get(id(stmt), ()):
             if d.kind not in ("assign", "aug") or d.element is not None:
@@ -588,25 +611,55 @@ def _reward_terms(ctx: Analysis) -> Iterator[Violation]:
                 continue
             for sign, operand, net in kl_terms:
                 if sign * net > 0:
-                    if _copies_reported(ctx, operand, reported):
-                        continue  # `rewards = shaped.clone()` of a value reported where it was computed: one fault
-                    reported.add(id(d))
                     node = operand if not isinstance(stmt, cst.AugAssign) else stmt
-                    yield Violation(node, "the KL penalty is added to the reward, so the policy is paid to move away "
-                                          "from the reference; subtract it: reward - beta * (logp - ref_logp)",
-                                    flip(stmt, value, operand) if not isinstance(stmt, cst.AugAssign) or
-                                    operand is stmt.value else [], preview=not _reward_by_interface(ctx, d))
+                    fix = flip(stmt, value, operand) if not isinstance(stmt, cst.AugAssign) or \
+                        operand is stmt.value else []
+                    found.append((d, node, fix, not _reward_by_interface(ctx, d), operand))
+    # a function named for the reward returns it: `return scores - kl * kl_ratio` (its name is its interface)
+    for func in ctx.nodes(cst.FunctionDef):
+        if not _names_reward(ctx, func.name.value):
+            continue
+        for ret in ctx.index.scopes[id(func)].returns:
+            if ret.value is None or key_of(ret.value) is not None:
+                continue  # a returned name is judged where it is bound
+            kl_terms, scored = [], False
+            for sign, operand in top_terms(ret.value):
+                net = _kl_of_operand(ctx, quantity, sign_of, operand, stop)
+                if net is None:
+                    scored = True
+                else:
+                    kl_terms.append((sign, operand, net))
+            for sign, operand, net in kl_terms if scored else ():
+                if sign * net > 0:
+                    found.append((None, operand, flip(ret, ret.value, operand), False, operand))
+    # one fault, one finding: a reward that copies or adds a value already reported (`rewards = shaped.clone()`,
+    # `reward = score + kl_part`) is the same fault, reported once, where a stable finding can say it (a value that
+    # is a reward by its name only yields to the reward by interface it flows into)
+    by_def = {id(d): i for i, (d, *_rest) in enumerate(found) if d is not None}
+    dropped: set[int] = set()
+    for i, (d, node, fix, preview, operand) in enumerate(found):
+        defs = _copied_defs(ctx, operand)
+        if not defs or not all(x in by_def and by_def[x] != i for x in defs):
+            continue
+        earlier = [by_def[x] for x in defs]
+        if not preview and all(found[j][3] for j in earlier):
+            dropped.update(earlier)
+        else:
+            dropped.add(i)
+    for i, (d, node, fix, preview, operand) in enumerate(found):
+        if i not in dropped:
+            yield Violation(node, "the KL penalty is added to the reward, so the policy is paid to move away from "
+                                  "the reference; subtract it: reward - beta * (logp - ref_logp)", fix, preview=preview)
 
 
-def _copies_reported(ctx: Analysis, operand: cst.BaseExpression, reported: set[int]) -> bool:
-    """Whether ``operand`` is a name, or a copy of one (``x.clone()``, ``x.detach()``), that only definitions
-    already reported reach."""
+def _copied_defs(ctx: Analysis, operand: cst.BaseExpression) -> list[int]:
+    """The definitions (their ids) that reach ``operand`` when it is a name or a copy of one (``x.clone()``,
+    ``x.detach()``); empty otherwise."""
     while isinstance(operand, cst.Call) and ctx.method(operand) in COPY_METHODS and S.receiver(operand) is not None:
         operand = S.receiver(operand)
     if not isinstance(operand, cst.Name):
-        return False
-    defs = ctx.flow.reaching(operand.value, operand)
-    return bool(defs) and all(id(x) in reported for x in defs)
+        return []
+    return [id(x) for x in ctx.flow.reaching(operand.value, operand)]
 
 
 # Interface names (keywords, parameters, string keys: not renamed with a file's locals) that hold a reward value.
@@ -631,12 +684,17 @@ def _reward_by_interface(ctx: Analysis, d) -> bool:
            for name in interface_names(ctx, d, _REWARD_INTERFACE.fullmatch)):
         return True
     func = ctx.enclosing_function(d.stmt)
-    if func is not None and (ctx.names.is_role(func.name.value, "rewards") or "reward" in func.name.value.lower()) \
-            and any(ret.value is not None and key_of(ret.value) == d.key for ret in ctx.index.scopes[id(func)].returns):
+    if func is not None and _names_reward(ctx, func.name.value) and any(
+            ret.value is not None and key_of(ret.value) == d.key for ret in ctx.index.scopes[id(func)].returns):
         return True
     # read as the reward of a TD error (`r[:, t] + gamma * V[:, t + 1] - V[:, t]`), itself or through a copy, or
     # as what an advantage is computed from (`advantages = rewards - values`)
     return grouped_later(ctx, d) or enters_td_reward(ctx, d) or advantage_minuend(ctx, d)
+
+
+def _names_reward(ctx: Analysis, name: str) -> bool:
+    """A function's name says it computes the reward (``compute_rewards``, ``shaped_reward``)."""
+    return ctx.names.is_role(name, "rewards") or "reward" in name.lower()
 
 
 def _reads_key(ctx: Analysis, operand: cst.BaseExpression, key: str) -> bool:

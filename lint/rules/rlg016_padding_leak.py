@@ -10,6 +10,7 @@ from rlguard.catalog import PADDING_LEAK
 from rlguard.lint.analysis import Analysis
 from rlguard.lint.analysis import semantics as S
 from rlguard.lint.analysis.depends import same_value
+from rlguard.lint.analysis.index import children
 from rlguard.lint.analysis.padding import (LAYOUT_KEYWORDS, OTHER_INPUT_MASK, MaskCandidate, attention_masks,
                                           calls_helper, forward_candidate_ids, hands_attention_masks,
                                           masked_sibling, model_forward_ids, own_kwargs_splat,
@@ -118,6 +119,15 @@ class PaddingLeak(Rule):
                 r"(?:!=|ne\(|not_equal\()[\w\s.,()\[\]:+*-]{0,200}?pad")
 
     VALID = [
+        Valid("def perplexity(texts, model, tokenizer):\n"
+              "    enc = tokenizer(texts, return_tensors='pt', padding=True)\n"
+              "    ids = enc['input_ids']\n"
+              "    mask = enc['attention_mask']\n"
+              "    labels = torch.where(mask == 1, ids, torch.tensor(-100))\n"
+              "    logits = model(ids).logits\n"
+              "    return F.cross_entropy(logits[:, :-1].transpose(1, 2), labels[:, 1:], ignore_index=-100)\n",
+              why="the mask serves the loss (labels skip the padding): a causal model reads right-padded rows "
+                  "correctly without it", capability="C3", style="functional"),
         Valid(_ACTOR_FORWARD.format(mask="attention_mask=attention_mask, "),
               why="the mask and the positions it gives both handed to the forward", capability="C3", style="class"),
         Valid(_ACTOR_FORWARD.format(mask="").replace("attention_mask=None, ", "").replace(
@@ -392,11 +402,30 @@ def _layout_use(ctx: Analysis, use: Use, ids) -> bool:
     if use.kind == "method" and use.detail == "cumsum":
         return True
     if use.kind == "compare":
-        return isinstance(use.node, cst.Comparison) and any(
-            S.int_value(side) in (0, 1) for side in (use.node.left, *(c.comparator for c in use.node.comparisons)))
+        # `positions.masked_fill_(mask == 0, 1)`: the pad slots of positions counted from the mask (a comparison
+        # that builds labels or weights serves the loss instead)
+        arg = ctx.index.parent_of(use.node)
+        call = ctx.index.parent_of(arg) if isinstance(arg, cst.Arg) else None
+        return isinstance(call, cst.Call) and ctx.method(call) in ("masked_fill", "masked_fill_") and \
+            _counted_positions(ctx, S.receiver(call))
     if use.kind == "argument" and isinstance(use.node, cst.Call):
         return any(same_value(ctx, arg.value, ids) or _one_path_of(ctx, arg.value, ids)
                    for arg in use.node.args if not arg.star)
+    return False
+
+
+def _counted_positions(ctx: Analysis, expr) -> bool:
+    """``expr`` is a name bound to a running count (``mask.long().cumsum(-1) - 1``): positions."""
+    if not isinstance(expr, cst.Name):
+        return False
+    for d in ctx.flow.reaching(expr.value, expr):
+        stack = [d.value] if d.kind == "assign" and d.value is not None else []
+        while stack:
+            node = stack.pop()
+            if isinstance(node, cst.Call) and ctx.method(node) == "cumsum":
+                return True
+            if isinstance(node, (cst.BinaryOperation, cst.Call, cst.Attribute)):
+                stack.extend(children(node))
     return False
 
 
