@@ -41,10 +41,10 @@ Operators (parameters in brackets; ``occurrence`` is 1-based, left to right on t
 - ``shift_mask`` [occurrence, name, delta=-1]: the n-th subscript on the line (of a value named ``name`` if
   given) with a slice: its last bounded slice moves ``delta`` tokens (``[:, 1:]`` -> ``[:, :-1]``,
   ``[:, -L:]`` -> ``[:, -L - 1:-1]``);
-- ``remove_shift`` [which=logits|labels|both, labels_line, name, labels_name]: the logits shift (a slice ending
-  at -1: ``[:, :-1]`` -> the whole axis, ``[:, -L - 1:-1]`` -> ``[:, -L:]``) and/or the labels shift
+- ``remove_shift`` [which=logits|labels|both|roll, labels_line, name, labels_name]: the logits shift (a slice
+  ending at -1: ``[:, :-1]`` -> the whole axis, ``[:, -L - 1:-1]`` -> ``[:, -L:]``) and/or the labels shift
   (``[:, 1:]`` -> the whole axis) on the line is removed (the labels one on ``labels_line`` when it is on
-  another line);
+  another line); ``which = "roll"``: labels rolled one left, ``torch.roll(ids, shifts=-1, dims=1)`` -> ``ids``;
 - ``remove_zero_grad``: the ``*.zero_grad(...)`` statement on the line is deleted (``pass`` when it was alone);
 - ``alias_reference`` [policy, keyword]: the value assigned on the line (or passed as ``keyword=`` there) becomes
   the name ``policy`` (a dotted name such as ``self.model``);
@@ -459,8 +459,15 @@ def unshift(src: Source, line: int, test: Callable[[cst.Slice], bool], what: str
 
 def op_remove_shift(src: Source, line: int, params: dict) -> dict:
     which = params.get("which", "both")
-    if which not in ("logits", "labels", "both"):
-        raise InvalidSite(f"which = {which!r}: logits, labels or both")
+    if which not in ("logits", "labels", "both", "roll"):
+        raise InvalidSite(f"which = {which!r}: logits, labels, both or roll")
+    if which == "roll":
+        # labels rolled one left (`torch.roll(ids, shifts=-1, dims=1)`) -> the ids themselves
+        for node in src.on_line(line, cst.Call):
+            if dotted(node.func) == "torch.roll" and node.args:
+                kept = node.args[0].value
+                return {id(node): lambda upd, kept=kept: kept}
+        raise InvalidSite(f"no torch.roll(...) on line {line}")
     edits = {}
     if which in ("logits", "both"):
         edits.update(unshift(src, line, is_logits_shift, "logits", params))

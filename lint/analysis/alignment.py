@@ -231,7 +231,10 @@ class AlignFacet(Facet):
         self.models = models(a)
 
     def join(self, values):
-        if not values or any(v is None for v in values):
+        # a path whose layout is unknown (`x = unpad(...)` on a packed branch) says nothing against the known
+        # paths: they are judged as they are (a fault on one feasible path is a fault)
+        values = [v for v in values if v is not None]
+        if not values:
             return None
         first = values[0]
         if not all(v.s == first.s for v in values):

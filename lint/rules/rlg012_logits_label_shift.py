@@ -44,6 +44,17 @@ _HF_CALLER_SEQ2SEQ = ("\ndef forward(model, batch):\n"
                       "    return batch_logps(out.logits, batch['labels'])\n")
 
 
+# an actor forward with a packed path (unpadded by a helper out of view, layout unknown) and a padded path whose
+# labels are the ids rolled one left ({labels})
+_TWO_PATHS = ("def forward(self, sequences, attention_mask, packed):\n"
+              "    if packed:\n"
+              "        sequences, labels = unpad_and_roll(sequences, attention_mask)\n"
+              "    else:\n"
+              "        labels = {labels}\n"
+              "    out = self.model(sequences, attention_mask=attention_mask)\n"
+              "    return log_probs_from_logits(out['logits'], labels)\n")
+
+
 class LogitsLabelShift(Rule):
     """
     ## What it flags
@@ -67,6 +78,10 @@ class LogitsLabelShift(Rule):
     model call are cut with the width of the tensor they are gathered against (`R = responses.size(-1)`,
     `logits[:, -R:]` against `responses`), that tensor is taken as the last `R` columns of the model's input, so
     `[:, -R - 1:-1]` is the shift and `[:, -R:]` is not.
+
+    A tensor that several definitions reach is judged by the ones whose layout is known (a packed path that a
+    helper out of view unpads says nothing against the padded path beside it); known paths that disagree say
+    nothing.
 
     Hugging Face labels: a helper that skips the ignore index (`labels != -100`, or a name bound to -100 such as a
     `label_pad_token_id=-100` default) reads its labels in the Hugging Face convention, where the labels stand at
@@ -112,6 +127,9 @@ class LogitsLabelShift(Rule):
                 r"|get_at\(|log_?probs?_(?:from|of)_|selective_log_softmax|logps?_from|log_softmax_and_gather")
 
     VALID = [
+        Valid(_TWO_PATHS.format(labels="torch.roll(sequences, shifts=-1, dims=1)"),
+              why="the padded path rolls the labels one left; the packed path is unpadded out of view",
+              capability="C8", style="class"),
         Valid("def chosen_logps(prompt_mask, ids, attention_mask, logits):\n"
               "    mask = attention_mask[:, :-1] > prompt_mask[:, 1:]\n"
               "    lp = torch.gather(logits[:, :-1, :].log_softmax(-1), dim=2, index=(mask * ids[:, 1:]).unsqueeze(2))\n"
@@ -240,6 +258,9 @@ class LogitsLabelShift(Rule):
     ]
 
     INVALID = [
+        Invalid(_TWO_PATHS.format(labels="sequences"), line=7,
+                why="on the padded path the labels are the ids the model read, unshifted; the packed path's "
+                    "layout is unknown and says nothing against it", capability="C8", style="class"),
         Invalid(_HF_HELPER.format(shift="", skip="-100") + _HF_CALLER, line=4,
                 why="the helper skips the ignore index, so its labels are Hugging Face labels; the caller hands it "
                     "the record's labels beside the input ids the model read: each logit against its own token",
