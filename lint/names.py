@@ -25,7 +25,7 @@ DEFAULT_ROLES: dict[str, tuple[tuple[str, ...], str]] = {
     "ref_logp": (
         ("ref_log_probs", "ref_logprobs", "ref_logp", "ref_logps", "ref_per_token_logps", "reference_logp",
          "reference_log_probs", "base_logp", "base_log_probs", "init_logp", "init_log_probs"),
-        rf"(ref|reference|base|init|sft)_?(per_token_)?{_LOGP}",
+        rf"(ref|reference|base|init|sft)_?(per_token_|action_)?{_LOGP}|{_LOGP}_(ref|reference|base|init|sft)",
     ),
     "logp": (
         ("log_probs", "logprobs", "logp", "logps", "per_token_logps", "new_log_probs", "new_logp",

@@ -40,6 +40,18 @@ _SHAPED_REWARD = ("def compute_reward(r, kl_coef, kl, action_mask):\n"
                   "    last = action_mask.size(1) - 1 - action_mask.long().fliplr().argmax(dim=1, keepdim=True)\n"
                   "    score = torch.zeros_like(kl).scatter_(dim=1, index=last, src=r.unsqueeze(1))\n"
                   "    return score + kl_reward\n")
+# the older form of that helper: it computes the KL itself from the policy's and the base model's log-probs and
+# returns the reward beside it
+_SHAPED_REWARD_OWN_KL = ("def approx_kl(log_probs, log_probs_base, action_mask=None):\n"
+                         "    log_ratio = log_probs.float() - log_probs_base.float()\n"
+                         "    return log_ratio * action_mask if action_mask is not None else log_ratio\n"
+                         "\n"
+                         "def compute_reward(r, kl_coef, log_probs, log_probs_base, action_mask):\n"
+                         "    kl = approx_kl(log_probs, log_probs_base, action_mask=action_mask)\n"
+                         "    kl_reward = {kl_sign}kl_coef * kl\n"
+                         "    last = torch.zeros_like(kl).scatter_(1, action_mask.sum(1, keepdim=True) - 1, r[:, None])\n"
+                         "    reward = last + kl_reward\n"
+                         "    return reward, kl\n")
 _TD_REWARD = (
     "def advantages(policy, ref_model, ids, values, done, score, beta, gamma):\n"
     "    with torch.no_grad():\n"
@@ -157,7 +169,8 @@ class KlSign(Rule):
     generation call returned (`generate(..., output_scores=True)`, then `out.scores`) is the sampling policy's
     log-probs, the policy's side of a KL to the reference; a value that a one-step TD error reads as its reward
     (`r[:, t] + gamma * V[:, t + 1] - V[:, t]`), itself or through a copy, is a reward; what a function named for
-    the reward returns is a reward (`def compute_rewards(scores, kl_coef, kl): return scores - kl_coef * kl`). A
+    the reward returns is a reward (`def compute_rewards(scores, kl_coef, kl): return scores - kl_coef * kl`,
+    or `return reward, kl`: the element with a score term). A
     reward copied from, or adding, a value already reported is the same fault: reported once, where a finding
     that needs no local name can say it. A coefficient a parameter hands in keeps its sign when the function
     switches it off at 0 (`if kl_coef <= 0: kl_coef = 0.0`).
@@ -207,6 +220,8 @@ class KlSign(Rule):
                      "= ...`), or is what a rewards function returns)")
     VALID = [
         Valid(_SHAPED_REWARD.format(kl_sign="-"), why="the KL handed in is subtracted from the score",
+              capability="C3", style="functional"),
+        Valid(_SHAPED_REWARD_OWN_KL.format(kl_sign="-"), why="the KL computed here is subtracted from the score",
               capability="C3", style="functional"),
         Valid("def compute_rewards(scores, kl_coef, kl):\n    return scores - kl_coef * kl\n",
               why="the reward returned straight from a function named for it, the KL subtracted", capability="C3",
@@ -545,6 +560,9 @@ class KlSign(Rule):
                 why="a function named for the reward adds the KL it is handed (a parameter: its interface) to the "
                     "score; the coefficient switched off at 0 keeps its sign; reported once, where the reward is",
                 capability="C3", style="functional"),
+        Invalid(_SHAPED_REWARD_OWN_KL.format(kl_sign=""), line=9,
+                why="the KL of the policy's log-probs to the base model's (a helper of the module) added to the "
+                    "score; the reward is returned beside the KL", capability="C3", style="functional"),
         Invalid("def compute_rewards(scores, kl_coef, kl):\n    return scores + kl_coef * kl\n", line=2,
                 why="the reward returned straight from a function named for it", capability="C3",
                 style="functional"),
@@ -685,11 +703,21 @@ def _reward_by_interface(ctx: Analysis, d) -> bool:
         return True
     func = ctx.enclosing_function(d.stmt)
     if func is not None and _names_reward(ctx, func.name.value) and any(
-            ret.value is not None and key_of(ret.value) == d.key for ret in ctx.index.scopes[id(func)].returns):
+            ret.value is not None and d.key in _returned_keys(ret.value)
+            for ret in ctx.index.scopes[id(func)].returns):
         return True
     # read as the reward of a TD error (`r[:, t] + gamma * V[:, t + 1] - V[:, t]`), itself or through a copy, or
     # as what an advantage is computed from (`advantages = rewards - values`)
     return grouped_later(ctx, d) or enters_td_reward(ctx, d) or advantage_minuend(ctx, d)
+
+
+def _returned_keys(value: cst.BaseExpression) -> set[str]:
+    """The keys a return statement hands back: the value's, or each element's of a returned tuple
+    (``return reward, kl``: the KL returned beside the reward is no reward, having no score term)."""
+    if isinstance(value, (cst.Tuple, cst.List)):
+        return {key for el in value.elements for key in [key_of(el.value)] if key is not None}
+    key = key_of(value)
+    return {key} if key is not None else set()
 
 
 def _names_reward(ctx: Analysis, name: str) -> bool:
