@@ -31,6 +31,18 @@ _ACTOR_FORWARD = ("class Actor(nn.Module):\n"
                   "        return out['logits']\n")
 
 
+# an older actor forward: positions counted from the mask, or made by a helper from it on the packed path
+_PACKED_OR_PADDED = ("class Actor(nn.Module):\n"
+                     "    def forward(self, sequences, attention_mask=None, packed=False):\n"
+                     "        if not packed:\n"
+                     "            position_ids = attention_mask.long().cumsum(-1) - 1\n"
+                     "        else:\n"
+                     "            position_ids = reset_position_ids(attention_mask)\n"
+                     "            attention_mask = None\n"
+                     "        out = self.model(sequences, {mask}position_ids=position_ids)\n"
+                     "        return out['logits']\n")
+
+
 class PaddingLeak(Rule):
     """
     ## What it flags
@@ -55,8 +67,9 @@ class PaddingLeak(Rule):
 
     The rule reports when that mask is not passed to the forward and is used for nothing but attention and the
     rows' layout elsewhere: never used at all, passed as `attention_mask=` to another forward or to `generate`,
-    or read for the rows' positions (`mask.long().cumsum(-1)`, the `mask == 0` slots) or for unpadding them (a call
-    handed the ids and the mask together): positions alone do not hide the padding from attention. It also
+    or read for the rows' positions (`mask.long().cumsum(-1)`, the `mask == 0` slots, a call whose result the
+    forward takes as `position_ids=`) or for unpadding them (a call handed the ids and the mask together):
+    positions alone do not hide the padding from attention. It also
     reports, whatever else the mask serves, a forward of ids that another call of the same function hands with
     `attention_mask=m` (`m` holding the same value at both calls; the policy and the critic get the mask, the
     reference does not). It is silent when the forward takes any mask or a packed layout (`attention_mask=`,
@@ -119,6 +132,9 @@ class PaddingLeak(Rule):
                 r"(?:!=|ne\(|not_equal\()[\w\s.,()\[\]:+*-]{0,200}?pad")
 
     VALID = [
+        Valid(_PACKED_OR_PADDED.format(mask="attention_mask=attention_mask, "),
+              why="the mask handed on (None on the packed path, where the positions carry the layout)",
+              capability="C3", style="class"),
         Valid("def perplexity(texts, model, tokenizer):\n"
               "    enc = tokenizer(texts, return_tensors='pt', padding=True)\n"
               "    ids = enc['input_ids']\n"
@@ -227,6 +243,9 @@ class PaddingLeak(Rule):
               "an image mask beside the text mask", capability="C3", style="class"),
     ]
     INVALID = [
+        Invalid(_PACKED_OR_PADDED.format(mask=""), line=8,
+                why="the mask gives the positions (counted here, or made by a helper the forward takes them from) "
+                    "and nothing hands it to the forward", capability="C3", style="class"),
         Invalid(_ACTOR_FORWARD.format(mask=""), line=7,
                 why="the function takes the mask by name, so its **kwargs cannot hold it; the mask only gives the "
                     "positions, which do not hide the padding", capability="C3", style="class"),
@@ -345,7 +364,7 @@ class PaddingLeak(Rule):
                 uses = def_consumers(ctx, mask.d)
                 if any(u.node is call or ctx.contains(call, u.node) for u in uses):
                     continue
-                if all(_attention_use(u) or _layout_use(ctx, u, ids) for u in uses):
+                if all(_attention_use(u) or _layout_use(ctx, u, ids, call) for u in uses):
                     violation = Violation(call, _message(ctx, call, ids, mask, uses))
                     violation.preview = mask.kind == "named"
                     yield violation
@@ -395,10 +414,13 @@ def _attention_use(use: Use) -> bool:
     return False
 
 
-def _layout_use(ctx: Analysis, use: Use, ids) -> bool:
+def _layout_use(ctx: Analysis, use: Use, ids, forward: cst.Call) -> bool:
     """A use that reads the mask as the layout of the ids' rows: their positions (``mask.cumsum(-1)``, the
-    ``mask == 0`` slots filled in them), or unpadding them (a call handed the ids and the mask together). Positions
-    alone do not hide padding from attention: the forward still needs the mask."""
+    ``mask == 0`` slots filled in them, a call whose result the forward takes as ``position_ids=``), or unpadding
+    them (a call handed the ids and the mask together). Positions alone do not hide padding from attention: the
+    forward still needs the mask."""
+    if use.kind == "argument" and isinstance(use.node, cst.Call) and _feeds_positions(ctx, use.node, forward):
+        return True
     if use.kind == "method" and use.detail == "cumsum":
         return True
     if use.kind == "compare":
@@ -412,6 +434,22 @@ def _layout_use(ctx: Analysis, use: Use, ids) -> bool:
         return any(same_value(ctx, arg.value, ids) or _one_path_of(ctx, arg.value, ids)
                    for arg in use.node.args if not arg.star)
     return False
+
+
+def _feeds_positions(ctx: Analysis, call: cst.Call, forward: cst.Call) -> bool:
+    """``positions = make_positions(mask)`` and the forward takes ``position_ids=positions``."""
+    stmt = ctx.index.statement_of(call)
+    if not isinstance(stmt, cst.Assign) or stmt.value is not call:
+        return False
+    bound = set()
+    for target in stmt.targets:
+        t = target.target
+        for el in (t.elements if isinstance(t, (cst.Tuple, cst.List)) else [t]):
+            node = el.value if isinstance(el, cst.Element) else el
+            if isinstance(node, cst.Name):
+                bound.add(node.value)
+    return any(arg.keyword is not None and arg.keyword.value in ("position_ids", "positions") and
+               isinstance(arg.value, cst.Name) and arg.value.value in bound for arg in forward.args)
 
 
 def _counted_positions(ctx: Analysis, expr) -> bool:
