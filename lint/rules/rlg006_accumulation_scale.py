@@ -44,6 +44,16 @@ PER_CALL_MESSAGE = ("this helper's backward takes its microbatch's own token mea
                     "pass the whole minibatch's token count in and divide the per-token sum by it")
 
 
+# a loss function in Hugging Face's Trainer interface ({count}: what the token sum is divided by)
+_HF_LOSS = ("def token_loss(outputs, labels, num_items_in_batch=None):\n"
+            "    labels = labels[..., 1:]\n"
+            "    mask = labels != -100\n"
+            "    logp = selective_log_softmax(outputs.logits[:, :-1], labels.clamp(min=0))\n"
+            "    if num_items_in_batch is None:\n"
+            "        num_items_in_batch = mask.sum()\n"
+            "    return -(logp * mask).sum() / {count}\n")
+
+
 class AccumulationScale(Rule):
     """
     ## What it flags
@@ -57,6 +67,11 @@ class AccumulationScale(Rule):
     The same when the backward sits in a helper with no loop of its own and every call of the helper in the
     module runs once per microbatch of such a loop (the helper's parameters are judged by the caller's
     arguments: a count handed in from the microbatch is local, one computed before the loop is not).
+
+    A loss function handed `num_items_in_batch` (Hugging Face's Trainer passes the token count of the whole
+    accumulated batch under that name, and then does not divide the returned loss by the accumulation steps)
+    that returns its token sum divided by its own microbatch's count (`mask.sum()`) and divides by the handed
+    count nowhere.
 
     Across data-parallel ranks: a loss multiplied by the world size (`loss * world_size / n_tokens`, undoing
     the gradient averaging) whose token count is summed on this rank only (a mask sum that no collective takes
@@ -110,9 +125,13 @@ class AccumulationScale(Rule):
 
     code = ACCUMULATION_SCALE
     # both a backward and some accumulation vocabulary (lookaheads at the start: one linear scan each)
-    triggers = (r"(?i)\.backward\s*\(", r"(?i)accum|micro|\.chunk\(|\.split\(|\bmbs?\b|\bparts\b|\bn_chunks\b")
+    triggers = (r"(?i)\.backward\s*\(|num_items_in_batch",
+                r"(?i)accum|micro|\.chunk\(|\.split\(|\bmbs?\b|\bparts\b|\bn_chunks\b|num_items_in_batch")
 
     VALID = [
+        Valid(_HF_LOSS.format(count="num_items_in_batch"),
+              why="the token sum divided by the accumulated batch's count (its own count only when none is given)",
+              capability="C6", style="functional"),
         Valid("total_tokens = mask.sum()\n"
               "for mb in batch.chunk(n_micro):\n"
               "    loss_sum = (pg_loss(mb) * mb['mask']).sum()\n"
@@ -256,6 +275,9 @@ class AccumulationScale(Rule):
               "each microbatch's token sum divided by the whole batch's token count", capability="C2", style="functional"),
     ]
     INVALID = [
+        Invalid(_HF_LOSS.format(count="mask.sum()"), line=7,
+                why="handed the accumulated batch's count and divided by the microbatch's own", capability="C6",
+                style="functional"),
         Invalid("for mb in batch.chunk(n_micro):\n"
                 "    loss = masked_mean(pg_losses(mb), mb['mask'])\n"
                 "    (loss / n_micro).backward()\n"
@@ -399,6 +421,7 @@ class AccumulationScale(Rule):
     ]
 
     def check(self, ctx: Analysis) -> Iterator[Violation]:
+        yield from _ignores_accumulated_count(ctx)
         acc = _Accumulation(ctx)
         for collective in A.discarded_collectives(ctx):
             func = ctx.enclosing_function(collective)
@@ -803,6 +826,63 @@ class _Accumulation:
                         or self.locality(defn.value, loop, bindings, depth - 1) == "local"):
                     return "local"
         return "global"
+
+
+# Hugging Face's Trainer hands a loss function the token count of the whole accumulated batch under this name, and
+# then leaves the per-microbatch losses undivided: the function is to divide its token sum by that count
+ACCUMULATED_COUNT = "num_items_in_batch"
+
+
+def _ignores_accumulated_count(ctx: Analysis) -> Iterator[Violation]:
+    """A loss function handed ``num_items_in_batch`` that divides by its own microbatch's token count instead (and
+    by the handed count nowhere): the trainer sums the microbatch means it returns."""
+    for func in ctx.nodes(cst.FunctionDef):
+        params = {p.name.value for p in (*func.params.params, *func.params.kwonly_params)}
+        if ACCUMULATED_COUNT not in params:
+            continue
+        divisions = [node for node in ctx.index.descendants(func, cst.BinaryOperation)
+                     if isinstance(node.operator, cst.Divide)]
+        if any(ACCUMULATED_COUNT in _names_in(node.right) for node in divisions):
+            continue
+        for node in divisions:
+            if ctx.enclosing_function(node) is func and _own_count(ctx, node.right) and _returned(ctx, func, node):
+                yield Violation(node, f"`{ctx.code(node.right)}` counts this microbatch's own tokens, while the "
+                                      f"function is handed `{ACCUMULATED_COUNT}`, the count of the whole accumulated "
+                                      f"batch, and divides by it nowhere: the trainer then sums the microbatch means "
+                                      f"(no division by the accumulation steps), so the gradient grows with their "
+                                      f"number and short microbatches weigh more; divide the token sum by "
+                                      f"`{ACCUMULATED_COUNT}`")
+                break
+
+
+def _own_count(ctx: Analysis, expr: cst.BaseExpression, depth: int = 2) -> bool:
+    """``mask.sum()`` (clamped, cast) of a 0/1 tensor, or a name bound only to one."""
+    while isinstance(expr, cst.Call) and ctx.method(expr) in CLAMPS and S.receiver(expr) is not None:
+        expr = S.receiver(expr)
+    if isinstance(expr, cst.Call) and ctx.method(expr) in COUNT_METHODS and S.receiver(expr) is not None:
+        counted = S.receiver(expr)
+        return zero_one(ctx, counted) or is_mask_by_use(ctx, counted)
+    if isinstance(expr, cst.Name) and depth > 0:
+        defs = ctx.flow.reaching(expr.value, expr)
+        return bool(defs) and all(d.kind == "assign" and d.element is None and d.value is not None and
+                                  _own_count(ctx, d.value, depth - 1) for d in defs)
+    return False
+
+
+def _returned(ctx: Analysis, func: cst.FunctionDef, node: cst.CSTNode) -> bool:
+    """Whether the division is what the function returns: the returned expression, or the value of a name it
+    returns (``loss = x.sum() / n; return loss``)."""
+    for ret in ctx.index.scopes[id(func)].returns:
+        value = ret.value
+        if value is None:
+            continue
+        if value is node or ctx.contains(value, node):
+            return True
+        if isinstance(value, cst.Name) and any(
+                d.kind == "assign" and d.value is not None and (d.value is node or ctx.contains(d.value, node))
+                for d in ctx.flow.reaching(value.value, value)):
+            return True
+    return False
 
 
 def _capped_at_one(ctx: Analysis, expr: cst.BaseExpression) -> cst.BaseExpression | None:
