@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 import libcst as cst
 
 from rlguard.lint.analysis import semantics as S
-from rlguard.lint.analysis.index import Def, children, key_entry, key_of
+from rlguard.lint.analysis.index import Def, key_entry, key_of, names_read
 from rlguard.lint.analysis.provenance import models
 from rlguard.lint.analysis.values import Facet, Frame, Trace
 
@@ -901,7 +901,7 @@ def _is_ignore_index(a: "Analysis", expr: cst.BaseExpression, depth: int = 2) ->
 def skips_ignore_index(a: "Analysis", func: cst.FunctionDef, labels: cst.BaseExpression) -> bool:
     """Whether ``func`` compares the labels it gathers with the ignore index (``labels != -100``,
     ``labels[labels == -100] = 0``, ``labels.ne(label_pad_token_id)``): labels in the Hugging Face convention."""
-    names = {n.value for n in _names_in(labels)}
+    names = {n.value for n in names_read(labels)}
     if not names:
         return False
     for node in a.nodes(cst.Comparison, cst.Call):
@@ -920,19 +920,6 @@ def skips_ignore_index(a: "Analysis", func: cst.FunctionDef, labels: cst.BaseExp
             if isinstance(this, cst.Name) and this.value in names and _is_ignore_index(a, that):
                 return True
     return False
-
-
-def _names_in(expr: cst.BaseExpression) -> list[cst.Name]:
-    found, stack = [], [expr]
-    while stack:
-        node = stack.pop()
-        if isinstance(node, cst.Name):
-            found.append(node)
-        elif isinstance(node, cst.Attribute):
-            stack.append(node.value)
-        elif isinstance(node, (cst.Call, cst.Subscript, cst.Arg, cst.SubscriptElement, cst.Index)):
-            stack.extend(children(node))
-    return found
 
 
 def same_record(labels: Align, logits: Align) -> bool:

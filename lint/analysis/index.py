@@ -146,6 +146,21 @@ def last_name(key: str) -> str:
     return entry if entry is not None else key.rsplit(".", 1)[-1]
 
 
+def names_read(expr: cst.CSTNode) -> list[cst.Name]:
+    """The names an expression reads: ``obj.mask`` reads ``obj``, never the attribute name itself."""
+    found: list[cst.Name] = []
+    stack = [expr]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, cst.Name):
+            found.append(node)
+        elif isinstance(node, cst.Attribute):
+            stack.append(node.value)
+        else:
+            stack.extend(children(node))
+    return found
+
+
 def read_name(expr: cst.CSTNode | None) -> str | None:
     """The name a read ends in: a name, an attribute's last part, a subscript's string key; else None."""
     if isinstance(expr, cst.Name):

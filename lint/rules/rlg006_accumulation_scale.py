@@ -12,7 +12,7 @@ from rlguard.lint.analysis import Analysis, dotted_name
 from rlguard.lint.analysis import accumulation as A
 from rlguard.lint.analysis import semantics as S
 from rlguard.lint.analysis.callers import caller_loops
-from rlguard.lint.analysis.index import key_of, children
+from rlguard.lint.analysis.index import children, key_of, names_read
 from rlguard.lint.analysis.loops import Loop, Training, training
 from rlguard.lint.analysis.roles import backward_loss, is_mask_by_use, names_along
 from rlguard.lint.analysis.signs import zero_one
@@ -932,14 +932,4 @@ def _has_dim(call: cst.Call) -> bool:
 
 
 def _names_in(expr: cst.CSTNode) -> set[str]:
-    names: set[str] = set()
-    stack = [expr]
-    while stack:
-        node = stack.pop()
-        if isinstance(node, cst.Name):
-            names.add(node.value)
-        elif isinstance(node, cst.Attribute):
-            stack.append(node.value)  # obj.mask -> obj; never the attribute name itself
-        else:
-            stack.extend(children(node))
-    return names
+    return {name.value for name in names_read(expr)}
