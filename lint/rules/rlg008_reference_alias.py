@@ -10,7 +10,7 @@ import libcst as cst
 from rlguard.catalog import REFERENCE_ALIAS
 from rlguard.lint.analysis import Analysis
 from rlguard.lint.analysis import semantics as S
-from rlguard.lint.analysis.index import children, key_of
+from rlguard.lint.analysis.index import children, dotted_name, key_of
 from rlguard.lint.analysis.provenance import Tup, models, objects
 from rlguard.lint.analysis.roles import handed_values, interface_names
 from rlguard.lint.analysis.reference import constant_routings, policy_reference_outputs, unused_selections
@@ -29,7 +29,10 @@ class ReferenceAlias(Rule):
       `.half()` work in place and return the same module), `ref = accelerator.unwrap_model(model)`, or a helper of
       the same module that returns its argument (`def make_ref(model): return model`); the reference is known by
       its name or by the interface it is handed to (`GRPOTrainer(model=model, ref_model=r)`), and `r = model` is
-      an alias of the object the optimizer trains however that object was built;
+      an alias of the object the optimizer trains however that object was built; one object handed to one call
+      both as the reference and as another argument is the alias whatever builds the trainer (the reference
+      known by the keyword, or by the parameter of a function or class `__init__` of the linted tree that a
+      positional argument binds: `PairTrainer(model, model)`); not inside `pytest.raises`;
     - a shallow copy: `ref = copy.copy(model)` (the copy's parameters *are* the policy's tensors);
     - `ref = model.get_base_model()` on a PEFT model: LoRA layers are injected in place, so the "base" still runs
       the adapter;
@@ -514,7 +517,7 @@ class ReferenceAlias(Rule):
 
 
 def _handed_twice(ctx: Analysis, objs) -> Iterator[Violation]:
-    for value, name, call in handed_values(ctx):
+    for value, name, call in [*handed_values(ctx), *_positional_elsewhere(ctx, objs)]:
         if not ctx.names.is_role(name, "ref_model") or ctx.expects_error(call):
             continue
         found = objs.value(value)
@@ -536,6 +539,41 @@ def _handed_twice(ctx: Analysis, objs) -> Iterator[Violation]:
                                        f"`{ctx.code(arg.value)}`: the reference is the live policy, so the KL to it "
                                        f"is always 0; load a separate copy or use copy.deepcopy(...).eval()")
                 break
+
+
+def _positional_elsewhere(ctx: Analysis, objs) -> list:
+    """(value, parameter, call) for the positional arguments of a call into another file of the linted tree (a
+    function, or a class's ``__init__``) when the call is handed one object twice: the callee's parameter names
+    are its interface. Asked only of such calls: the summary lookup is a parse of the other file."""
+    found = []
+    for call in ctx.nodes(cst.Call):
+        positional = [arg for arg in call.args if arg.keyword is None and not arg.star]
+        if len(positional) < 2 or ctx.callee(call) is not None or ctx.project is None:
+            continue
+        roots = []
+        for arg in call.args:
+            got = objs.value(arg.value) if not arg.star else None
+            roots.append(frozenset(o.key for o in got if o.kind != "global") if got and not isinstance(
+                got, Tup) else frozenset())
+        if not any(r and any(r <= other for j, other in enumerate(roots) if j != i) for i, r in enumerate(roots)):
+            continue
+        params = _callee_parameters(ctx, call)
+        for param, arg in zip(params, positional):
+            found.append((arg.value, param, call))
+    return found
+
+
+def _callee_parameters(ctx: Analysis, call: cst.Call) -> list[str]:
+    """The positional parameters of the other-file function or class a call runs (``self`` left out)."""
+    dotted = dotted_name(call.func)
+    qualified = ctx.resolve_import(dotted) if dotted else None
+    if qualified is None:
+        return []
+    summary = ctx.project.get(qualified) or ctx.project.get(f"{qualified}.__init__")
+    if summary is None:
+        return []
+    params = list(summary.params)
+    return params[1:] if params[:1] in (["self"], ["cls"]) else params
 
 
 def _binding_names(obj) -> tuple[str, ...]:
