@@ -27,6 +27,7 @@ import libcst as cst
 from rlguard.lint.analysis import semantics as S
 from rlguard.lint.analysis.index import Def, key_entry, key_of, names_read
 from rlguard.lint.analysis.provenance import models
+from rlguard.lint.analysis.records import splat_entry
 from rlguard.lint.analysis.values import Facet, Frame, Trace
 
 if TYPE_CHECKING:
@@ -372,6 +373,8 @@ class AlignFacet(Facet):
             arg = S.argument(call, 0, None)
             for kw in MODEL_INPUT_KEYWORDS:
                 arg = arg or S.argument(call, None, kw)
+            for kw in MODEL_INPUT_KEYWORDS:
+                arg = arg or splat_entry(a, call, kw)  # `inputs = {"input_ids": ids, ...}; model(**inputs)`
             if arg is None:
                 return _UNKNOWN
             inp = self.seq(trace).value(arg, frame)

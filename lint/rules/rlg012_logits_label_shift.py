@@ -55,6 +55,17 @@ _TWO_PATHS = ("def forward(self, sequences, attention_mask, packed):\n"
               "    return log_probs_from_logits(out['logits'], labels)\n")
 
 
+# TRL's GRPO scorer: the model fed a dict of inputs, the last logits_to_keep logits against the last ids
+# ({cut}: what the logits lose first)
+_SPLAT_INPUTS = ("def per_token_logps(self, model, input_ids, attention_mask, logits_to_keep):\n"
+                 "    inputs = {{'input_ids': input_ids, 'attention_mask': attention_mask}}\n"
+                 "    inputs['use_cache'] = False\n"
+                 "    logits = model(**inputs).logits\n"
+                 "    logits = logits{cut}\n"
+                 "    logits = logits[:, -logits_to_keep:, :]\n"
+                 "    return selective_log_softmax(logits, input_ids[:, -logits_to_keep:])\n")
+
+
 class LogitsLabelShift(Rule):
     """
     ## What it flags
@@ -65,7 +76,8 @@ class LogitsLabelShift(Rule):
     - both sides shifted the same way: `logits[:, :-1]` with `ids[:, :-1]`, `logits[:, 1:]` with `ids[:, 1:]`;
     - any other visible offset between the two (`torch.roll`, `F.pad`, windows like `[:, -L-1:-1]`).
 
-    The rule follows names, `self.` attributes, `.logits`/`[0]` of the model output, `log_softmax`,
+    The rule follows names, `self.` attributes, the ids a model reads from a dict splatted into it
+    (`inputs = {"input_ids": ids}; model(**inputs)`), `.logits`/`[0]` of the model output, `log_softmax`,
     `/ temperature`, slices, `F.pad`, `torch.roll` and same-module helpers (with their parameters bound to the
     call's arguments). It reports only when the offset between logits and labels is a known constant other
     than one, and either both come visibly from the same sequence (`model(ids)` and `ids`: the tensor a model
@@ -127,6 +139,9 @@ class LogitsLabelShift(Rule):
                 r"|get_at\(|log_?probs?_(?:from|of)_|selective_log_softmax|logps?_from|log_softmax_and_gather")
 
     VALID = [
+        Valid(_SPLAT_INPUTS.format(cut="[:, :-1, :]"),
+              why="the logits lose their last position before the last K are kept: the next tokens",
+              capability="C8", style="framework"),
         Valid(_TWO_PATHS.format(labels="torch.roll(sequences, shifts=-1, dims=1)"),
               why="the padded path rolls the labels one left; the packed path is unpadded out of view",
               capability="C8", style="class"),
@@ -258,6 +273,9 @@ class LogitsLabelShift(Rule):
     ]
 
     INVALID = [
+        Invalid(_SPLAT_INPUTS.format(cut=""), line=7,
+                why="the ids the model reads come in a dict splatted into it; the last K logits, not cut at the "
+                    "end first, score the last K ids: each its own token", capability="C8", style="framework"),
         Invalid(_TWO_PATHS.format(labels="sequences"), line=7,
                 why="on the padded path the labels are the ids the model read, unshifted; the packed path's "
                     "layout is unknown and says nothing against it", capability="C8", style="class"),
