@@ -546,9 +546,15 @@ def _positional_elsewhere(ctx: Analysis, objs) -> list:
     function, or a class's ``__init__``) when the call is handed one object twice: the callee's parameter names
     are its interface. Asked only of such calls: the summary lookup is a parse of the other file."""
     found = []
+    if ctx.project is None:
+        return found
     for call in ctx.nodes(cst.Call):
         positional = [arg for arg in call.args if arg.keyword is None and not arg.star]
-        if len(positional) < 2 or ctx.callee(call) is not None or ctx.project is None:
+        # the cheap tests first: two arguments that name objects, an imported callee not of this module
+        if len(positional) < 2 or sum(isinstance(arg.value, (cst.Name, cst.Attribute)) for arg in call.args) < 2:
+            continue
+        dotted = dotted_name(call.func)
+        if dotted is None or ctx.resolve_import(dotted) is None or ctx.callee(call) is not None:
             continue
         roots = []
         for arg in call.args:
