@@ -55,12 +55,12 @@ def test_healthy_reference():
 
 def test_reference_is_policy():
     policy, _, opt = h.make_models()
-    guard_fails("the reference is the policy object itself", policy=policy, reference=policy, optimizer=opt)
+    guard_fails("the reference is the policy object itself", policy=policy, reference=policy, optimizer=opt)  # noqa: RLG008 - the policy as its own reference, on purpose: the Guard must refuse it
 
 
 def test_shallow_copy_shares_storage():
     policy, _, opt = h.make_models()
-    guard_fails("share storage with the policy", "copy.copy", policy=policy, reference=copy.copy(policy),
+    guard_fails("share storage with the policy", "copy.copy", policy=policy, reference=copy.copy(policy),  # noqa: RLG008 - a shallow copy as the reference, on purpose
                 optimizer=opt)
 
 
@@ -79,7 +79,7 @@ def test_wrappers(wrap):
     elif wrap == "compile":
         compiled = torch.compile(policy)  # an OptimizedModule; nothing is compiled until it is called
         assert type(compiled).__name__ == "OptimizedModule"
-        guard_fails("wrap the same TinyLM", policy=compiled, reference=policy, optimizer=opt)
+        guard_fails("wrap the same TinyLM", policy=compiled, reference=policy, optimizer=opt)  # noqa: RLG008 - the compiled policy and the policy, on purpose
         Guard(policy=compiled, reference=ref, optimizer=opt).close()
     elif wrap == "peft_base":
         lora = LoraLike(policy)
@@ -128,7 +128,7 @@ def test_step_counting_and_update_boundaries():
 def test_warn_mode_guard_logs_instead(caplog):
     policy, _, opt = h.make_models()
     with mode("warn"), caplog.at_level("WARNING", logger="rlguard.contracts"):
-        Guard(policy=policy, reference=policy, optimizer=opt).close()
+        Guard(policy=policy, reference=policy, optimizer=opt).close()  # noqa: RLG008 - the policy as its own reference, on purpose: warn mode must log it
     assert "RLG008" in caplog.text
 
 

@@ -535,9 +535,11 @@ def _handed_twice(ctx: Analysis, objs) -> Iterator[Violation]:
             other = objs.value(arg.value)
             if other and not isinstance(other, Tup) and roots <= frozenset(o.key for o in other
                                                                            if o.kind != "global"):
-                yield Violation(value, f"`{ctx.code(value)}` is the very object this call is also handed as "
-                                       f"`{ctx.code(arg.value)}`: the reference is the live policy, so the KL to it "
-                                       f"is always 0; load a separate copy or use copy.deepcopy(...).eval()")
+                what = "a shallow copy of" if any(o.kind == "copy" for o in found) else "the very object"
+                yield Violation(value, f"`{ctx.code(value)}` is {what} the object this call is also handed as "
+                                       f"`{ctx.code(arg.value)}`: the reference is the live policy (its "
+                                       f"parameters), so the KL to it is always 0; load a separate copy or use "
+                                       f"copy.deepcopy(...).eval()")
                 break
 
 
