@@ -72,3 +72,11 @@ def test_a_harmless_site_left_silent_counts_neither_way(tmp_path, tree):
     assert outcome.status == "HARMLESS"
     row = next(line for line in mutation.render([outcome]).splitlines() if line.startswith("| **all**"))
     assert row.split(" | ")[1:] == ["n/a", "0", "0", "0", "1 (0)", "0 |"]
+
+
+def test_remove_shift_roll_turns_rolled_labels_into_the_ids():
+    source = "labels = torch.roll(ids, shifts=-1, dims=1)\nlp = score(logits, labels)\n"
+    mutant = mutation.mutate(source, "remove_shift", 1, {"which": "roll"})
+    assert mutant.splitlines()[0] == "labels = ids"
+    with pytest.raises(mutation.InvalidSite):
+        mutation.mutate(source, "remove_shift", 2, {"which": "roll"})
