@@ -907,9 +907,7 @@ def skips_ignore_index(a: "Analysis", func: cst.FunctionDef, labels: cst.BaseExp
     names = {n.value for n in names_read(labels)}
     if not names:
         return False
-    for node in a.nodes(cst.Comparison, cst.Call):
-        if not a.contains(func, node):
-            continue
+    for node in a.index.descendants(func, cst.Comparison, cst.Call):
         if isinstance(node, cst.Comparison):
             if len(node.comparisons) != 1 or not isinstance(node.comparisons[0].operator, (
                     cst.Equal, cst.NotEqual)):

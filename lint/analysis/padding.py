@@ -289,13 +289,10 @@ def splat_keys(a: "Analysis", call: cst.Call) -> frozenset[str] | None:
             if entries is None:
                 return None
             keys |= entries
-        for read in a.index.descendants(func, cst.Name):
-            if read.value != name or read is arg.value:
-                continue
-            stored = _stored_key(a, read)
-            if stored is False:
-                return None
-            keys |= stored
+        stored = _keys_stored(a, func, name, arg.value)
+        if stored is None:
+            return None
+        keys |= stored
     return frozenset(keys)
 
 
@@ -313,17 +310,28 @@ def own_kwargs_splat(a: "Analysis", call: cst.Call) -> tuple[frozenset[str], fro
     if len(splats) != 1 or not isinstance(splats[0].value, cst.Name) or splats[0].value.value != own or any(
             d.kind != "param" for d in a.flow.reaching(own, splats[0].value)):
         return None
-    stored: set[str] = set()
-    for read in a.index.descendants(func, cst.Name):
-        if read.value != own or read is splats[0].value or isinstance(a.index.parent_of(read), cst.Param):
-            continue
-        found = _stored_key(a, read)
-        if found is False:
-            return None
-        stored |= found
+    stored = _keys_stored(a, func, own, splats[0].value, signature=True)
+    if stored is None:
+        return None
     named = frozenset(p.name.value for p in (*func.params.posonly_params, *func.params.params,
                                               *func.params.kwonly_params))
     return frozenset(stored), named
+
+
+def _keys_stored(a: "Analysis", func: cst.CSTNode, name: str, splatted: cst.Name,
+                 signature: bool = False) -> set[str] | None:
+    """The keys the other mentions of a splatted dict ``name`` in ``func`` store into it (:func:`_stored_key`), or
+    None when one may add unknown keys; ``signature``: the dict is the function's own parameter, whose mention in
+    the signature stores nothing."""
+    keys: set[str] = set()
+    for read in a.index.descendants(func, cst.Name):
+        if read.value != name or read is splatted or signature and isinstance(a.index.parent_of(read), cst.Param):
+            continue
+        stored = _stored_key(a, read)
+        if stored is False:
+            return None
+        keys |= stored
+    return keys
 
 
 def _constant_keys(expr: cst.BaseExpression) -> set[str] | None:

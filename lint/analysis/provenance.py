@@ -748,7 +748,7 @@ class ProvenanceFacet(Facet):
             return scores
         if any(o.kind == FORWARD for o in container):
             return self._attribute(trace, container, entry)
-        return frozenset({Origin(READ, 0, None, name=entry)}) if container or True else EMPTY
+        return frozenset({Origin(READ, 0, None, name=entry)})
 
     def element(self, trace, whole, position):
         return whole

@@ -275,14 +275,8 @@ def interface_calls(a: "Analysis", d: Def, wanted) -> list[cst.Call]:
     """The calls that receive the value bound by ``d`` under an interface name ``wanted`` accepts (a keyword, or
     a same-module parameter it binds positionally), for a read that ``d`` reaches: what the callee is handed
     beside it is read against it (``Trainer(model=m, ref_model=r)``)."""
-    def build(an):
-        grouped: dict = {}
-        for value, name, call in handed_values(an):
-            key = key_of(value)
-            if key is not None:
-                grouped.setdefault(key, []).append((value, name, call))
-        return grouped
-    return [call for value, name, call in a.facet("handed_values_by_key", build).get(d.key, ())
+    by_key = _by_flow_key(a, "handed_values_by_key", handed_values, lambda item: item[0])
+    return [call for value, name, call in by_key.get(d.key, ())
             if wanted(name) and any(r is d for r in a.flow.reaching(d.key, value))]
 
 
@@ -352,9 +346,14 @@ def _clip_weight_reads(a: "Analysis") -> list[cst.BaseExpression]:
 
 
 # ----- advantages by their use ----------------------------------------------------------------------------------
-def _ppo_clips(an: "Analysis") -> list[tuple[cst.BaseExpression, cst.BaseExpression]]:
+def _ppo_clips(a: "Analysis") -> list[tuple[cst.BaseExpression, cst.BaseExpression]]:
     """Every PPO clip of the module, ``min/max(r * x, clamp(r, lo, hi) * x)`` (each side possibly a name with one
-    plain definition, either sign): (the read of ``x``, the ratio ``r``)."""
+    plain definition, either sign): (the read of ``x``, the ratio ``r``); found once per module, for the clip
+    weights and the clipped ratios' old sides."""
+    return a.facet("ppo_clips", _find_ppo_clips)
+
+
+def _find_ppo_clips(an: "Analysis") -> list[tuple[cst.BaseExpression, cst.BaseExpression]]:
     from rlguard.lint.analysis.signs import factors, min_max_kind
 
     found = []

@@ -474,14 +474,23 @@ def _judge(ctx: Analysis, site: GatherSite, frame: Frame | None) -> str | None:
 def _hf_labels(ctx: Analysis, site: GatherSite, frame: Frame | None) -> bool:
     """The labels gathered at ``site`` follow the Hugging Face convention: the function that gathers them skips the
     ignore index, and no encoder-decoder forward (``decoder_input_ids=``) is in view of it or its caller, where the
-    decoder's logits already stand at their labels' positions."""
+    decoder's logits already stand at their labels' positions. Asked twice per judged call site (to judge, and to
+    say where to report): answered once."""
+    memo = ctx.cache.setdefault("rlg012_hf_labels", {})
+    key = (id(site.node), id(frame))
+    if key not in memo:
+        memo[key] = _hf_labels_uncached(ctx, site, frame)
+    return memo[key]
+
+
+def _hf_labels_uncached(ctx: Analysis, site: GatherSite, frame: Frame | None) -> bool:
     func = ctx.enclosing_function(site.node)
     if func is None or not skips_ignore_index(ctx, func, site.labels):
         return False
     scopes = [func] + ([ctx.enclosing_function(frame.call)] if frame is not None and frame.call is not None else [])
     return not any(scope is not None and any(
         arg.keyword is not None and arg.keyword.value == "decoder_input_ids"
-        for call in ctx.nodes(cst.Call) if ctx.contains(scope, call) for arg in call.args) for scope in scopes)
+        for call in ctx.index.descendants(scope, cst.Call) for arg in call.args) for scope in scopes)
 
 
 def _shifts_its_labels(ctx: Analysis, site: GatherSite, logits, labels) -> bool:

@@ -441,13 +441,7 @@ def _feeds_positions(ctx: Analysis, call: cst.Call, forward: cst.Call) -> bool:
     stmt = ctx.index.statement_of(call)
     if not isinstance(stmt, cst.Assign) or stmt.value is not call:
         return False
-    bound = set()
-    for target in stmt.targets:
-        t = target.target
-        for el in (t.elements if isinstance(t, (cst.Tuple, cst.List)) else [t]):
-            node = el.value if isinstance(el, cst.Element) else el
-            if isinstance(node, cst.Name):
-                bound.add(node.value)
+    bound = {d.key for d in ctx.index.stmt_defs.get(id(stmt), ()) if d.kind == "assign"}
     return any(arg.keyword is not None and arg.keyword.value in ("position_ids", "positions") and
                isinstance(arg.value, cst.Name) and arg.value.value in bound for arg in forward.args)
 
