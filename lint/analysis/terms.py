@@ -17,6 +17,7 @@ import libcst as cst
 from rlguard.lint.analysis import semantics as S
 from rlguard.lint.analysis.index import key_entry, key_of, last_name
 from rlguard.lint.analysis.infoforms import forms
+from rlguard.lint.analysis.losses import top_terms
 from rlguard.lint.analysis.provenance import FORWARD, ROLLOUT, provenance
 from rlguard.lint.analysis.records import record_entries
 from rlguard.lint.analysis.signs import factors, signs
@@ -34,6 +35,10 @@ _COEFFICIENT = re.compile(r"(?i)\w+_(coef|coeff|coefficient|weight|scale|factor|
 # Methods that move or cast a tensor without changing what it holds.
 _CAST_METHODS = frozenset({"to", "float", "double", "half", "bfloat16", "cuda", "cpu", "detach", "type", "type_as",
                            "contiguous", "clone"})
+
+
+# Steps that keep a sampled KL estimate one: reductions, clamps, casts.
+_ESTIMATE_KEEPING = frozenset({"mean", "sum", "nanmean", "float", "contiguous", "clamp", "clip", "detach", "to"})
 
 
 class Quantities:
@@ -302,6 +307,8 @@ class Quantities:
         elsewhere = self._summarised("kl", expr)
         if elsewhere is not None:
             return elsewhere
+        if self._sampled_estimate(expr):
+            return 1
         difference = self._log_ratio(expr, frame, depth)
         if difference is not None:
             return difference
@@ -322,13 +329,103 @@ class Quantities:
             if method in ("mean", "sum", "nanmean", "float", "detach", "squeeze", "clamp", "contiguous") and \
                     recv is not None:
                 return self.sign("kl", recv, frame, depth - 1)
+            if self.a.call_name(expr) in ("torch.clamp", "torch.clip") and expr.args:
+                return self.sign("kl", expr.args[0].value, frame, depth - 1)
             gathered = S.collected(self.a, expr)
             if gathered is not None:
                 return self.sign("kl", gathered, frame, depth - 1)
-            if self.a.callee(expr) is None and name is not None and self.a.names.is_role(name, "kl") and \
+            func = self.a.callee(expr)
+            if func is not None and self._returns_estimate(func, depth):
+                return 1  # a helper of the module that returns a sampled KL estimate, by its formula
+            if func is None and name is not None and self.a.names.is_role(name, "kl") and \
                     any(self._logp_like(arg.value, frame) for arg in expr.args):
                 return 1  # kl_penalty(logp, ref_logp), a KL helper out of view fed log-probs
         return self._linear("kl", expr, frame, depth)
+
+    def _sampled_estimate(self, expr) -> bool:
+        """The k3 estimate of a KL from sampled tokens, ``exp(d) - d - 1`` (``r - 1 - log(r)`` with ``r = exp(d)``),
+        its terms in any order and the exponential possibly a name bound to it (``ratio = torch.exp(d)``;
+        ``ratio - d - 1``). It is non-negative whatever ``d`` is, so the formula makes it a divergence, whichever
+        side of ``d`` is the reference and whatever the operands are called."""
+        if not (isinstance(expr, cst.BinaryOperation) and isinstance(expr.operator, (cst.Add, cst.Subtract))):
+            return False
+        terms = top_terms(expr)
+        constant = sum(s * S.number_value(t) for s, t in terms if S.number_value(t) is not None)
+        rest = [(s, t) for s, t in terms if S.number_value(t) is None]
+        if constant != -1 or len(rest) < 2:
+            return False
+        for i, (sign, term) in enumerate(rest):
+            exponent = self._exponent(term) if sign == 1 else None
+            if exponent is None:
+                continue
+            linear = rest[:i] + rest[i + 1:]
+            argument = exponent
+            if self._atoms(linear) == self._atoms([(-1, argument)]):
+                return True  # exp(d) - d - 1
+            if len(linear) == 1 and linear[0][0] == -1 and isinstance(linear[0][1], cst.Call):
+                log = linear[0][1]
+                inner = S.receiver(log) if self.a.method(log) == "log" and not log.args else (
+                    log.args[0].value if self.a.call_name(log) == "torch.log" and len(log.args) == 1 else None)
+                if inner is not None and self._atoms([(1, inner)]) == self._atoms([(1, term)]):
+                    return True  # r - log(r) - 1 with r = exp(d)
+        return False
+
+    def _returns_estimate(self, func: cst.FunctionDef, depth: int) -> bool:
+        """Whether every return of a helper of the module is a sampled KL estimate (its formula, read without the
+        caller's arguments: the estimate's sign needs no roles)."""
+        rets = [r.value for r in self.a.index.scopes[id(func)].returns if r.value is not None]
+        return bool(rets) and all(self._estimate_within(r, depth - 1) for r in rets)
+
+    def _estimate_within(self, expr, depth: int) -> bool:
+        """``expr`` is a sampled KL estimate up to reductions, clamps and casts, and names bound once."""
+        while depth > 0:
+            depth -= 1
+            if isinstance(expr, cst.Call):
+                recv = S.receiver(expr)
+                if self.a.method(expr) in _ESTIMATE_KEEPING and recv is not None:
+                    expr = recv
+                    continue
+                if self.a.call_name(expr) in ("torch.clamp", "torch.clip", "torch.mean", "torch.sum") and expr.args:
+                    expr = expr.args[0].value
+                    continue
+                return False
+            if isinstance(expr, cst.Name):
+                defs = self.a.flow.reaching(expr.value, expr)
+                if len(defs) != 1 or defs[0].kind != "assign" or defs[0].element is not None or defs[0].value is None:
+                    return False
+                expr = defs[0].value
+                continue
+            return self._sampled_estimate(expr)
+        return False
+
+    def _exponent(self, term) -> cst.BaseExpression | None:
+        """``d`` of ``torch.exp(d)`` or ``d.exp()``, or of the exponential a name is bound to by its one reaching
+        definition."""
+        if isinstance(term, cst.Name):
+            defs = self.a.flow.reaching(term.value, term)
+            if len(defs) != 1 or defs[0].kind != "assign" or defs[0].element is not None or defs[0].value is None:
+                return None
+            term = defs[0].value
+        if not isinstance(term, cst.Call):
+            return None
+        if self.a.call_name(term) == "torch.exp" and len(term.args) == 1:
+            return term.args[0].value
+        if self.a.method(term) == "exp" and not term.args and S.receiver(term) is not None:
+            return S.receiver(term)
+        return None
+
+    def _atoms(self, terms) -> list:
+        """The signed atoms of a sum, sorted: (sign, code, the definitions that reach each name it reads at its
+        place), so two spellings of one difference at two places compare equal only when they read the same
+        values."""
+        out = []
+        for sign, term in terms:
+            for s, atom in top_terms(term, sign):
+                names = [atom] if isinstance(atom, cst.Name) else self.a.index.descendants(atom, cst.Name)
+                reads = tuple(sorted((n.value, tuple(sorted(id(d) for d in self.a.flow.reaching(n.value, n))))
+                                     for n in names))
+                out.append((s, self.a.code(atom).replace(" ", ""), reads))
+        return sorted(out)
 
     def _even_of(self, expr) -> cst.BaseExpression | None:
         """``x`` of ``x.abs()``, ``torch.abs(x)``, ``x.square()``, ``torch.square(x)``, ``x ** 2``, ``x.pow(2)``."""

@@ -141,6 +141,27 @@ _ADVANTAGE_MINUEND = (
 )
 
 
+# A sampled KL estimate beside a policy-gradient loss; no name says which operand is the reference.
+_SAMPLED_KL = (
+    "import torch\n"
+    "import torch.nn.functional as F\n\n"
+    "def train_step(policy, frozen, opt, ids, mask, adv, beta):\n"
+    "    a = torch.gather(F.log_softmax(policy(ids).logits[:, :-1], -1), 2, ids[:, 1:].unsqueeze(-1)).squeeze(-1)\n"
+    "    with torch.no_grad():\n"
+    "        b = torch.gather(F.log_softmax(frozen(ids).logits[:, :-1], -1), 2, ids[:, 1:].unsqueeze(-1))\n"
+    "        b = b.squeeze(-1)\n"
+    "    ratio = torch.exp(a - a.detach())\n"
+    "    k = {k}\n"
+    "    out = -(ratio * adv.unsqueeze(1)) {sign} beta * k\n"
+    "    ((out * mask).sum() / mask.sum()).backward()\n"
+    "    opt.step()\n"
+    "    opt.zero_grad()\n")
+_NEUTRAL_KL = ("def step(opt, p, q, adv, beta):\n"
+               "    k = {k}\n"
+               "    out = -(p * adv).mean() - beta * k.mean()\n"
+               "    out.backward()\n    opt.step()\n    opt.zero_grad()\n")
+
+
 class KlSign(Rule):
     """
     ## What it flags
@@ -211,7 +232,7 @@ class KlSign(Rule):
     # stable since 2026-12-07: the FALSE class that kept it in preview (a log-likelihood regulariser beside a
     # preference loss scored against zeros, read as a KL to a reference) is fixed in the core (terms: a constant
     # tensor is no reference); on the 49 repositories its stable part reports 1 TRUE (holdout) and no FALSE
-    triggers = r"kl(?:_|\b)|_kl|ref_?log|ref_per_token|reference_log|log\(|log_softmax"
+    triggers = r"kl(?:_|\b)|_kl|ref_?log|ref_per_token|reference_log|log\(|log_softmax|exp\("
     fixable = True
 
     PREVIEW_PARTS = ("a loss known only by the name of the local variable that holds it (`loss = ...` with no backward, loss function or optimising caller in view)",
@@ -219,6 +240,14 @@ class KlSign(Rule):
                      "rewards keyword, parameter or string key, is stored under one (`batch['token_level_rewards'] "
                      "= ...`), or is what a rewards function returns)")
     VALID = [
+        Valid(_SAMPLED_KL.format(k="torch.exp(b - a) - (b - a) - 1", sign="+"),
+              why="the k3 estimate added to the minimised loss: a penalty", capability="C1", style="functional"),
+        Valid(_NEUTRAL_KL.format(k="torch.exp(q) - (q - p) - 1"),
+              why="look-alike: the exponent is not the difference the linear part subtracts, so no estimate; nothing "
+                  "says whose log-probs p and q are", capability="C1", style="functional"),
+        Valid(_NEUTRAL_KL.format(k="r - (q - p) - 1").replace("    k = ", "    r = torch.exp(q - p)\n    q = q * 2\n    k = "),
+              why="look-alike: the linear part reads q after it was rebound, not the exponent's difference",
+              capability="C1", style="functional"),
         Valid(_SHAPED_REWARD.format(kl_sign="-"), why="the KL handed in is subtracted from the score",
               capability="C3", style="functional"),
         Valid(_SHAPED_REWARD_OWN_KL.format(kl_sign="-"), why="the KL computed here is subtracted from the score",
@@ -377,6 +406,20 @@ class KlSign(Rule):
                 style="functional"),
         Invalid(_GROUPED_REWARD.format(sign="+"), line=13,
                 why="a value viewed as groups of samples is a reward (GRPO/RLOO), whatever it is called; the reference is the policy with its reference adapter on, and the mask is ones padded with zeros", capability="C2", style="class"),
+        Invalid(_SAMPLED_KL.format(k="torch.exp(b - a) - (b - a) - 1", sign="-"), line=11,
+                why="the k3 estimate exp(d) - d - 1 is a KL by its formula (non-negative whatever d is), whatever its "
+                    "operands are called", capability="C1", style="functional"),
+        Invalid(_SAMPLED_KL.format(k="(r - 1) - r.log()", sign="-").replace("    k = ", "    r = torch.exp(b - a)\n    k = "),
+                line=12, why="the same estimate written with the ratio r = exp(d): r - 1 - log r", capability="C1",
+                style="functional"),
+        Invalid(_NEUTRAL_KL.format(k="torch.exp(q - p) - (q - p) - 1"), line=3,
+                why="nothing names the operands: the formula alone says it is a KL", capability="C1", style="functional"),
+        Invalid("def penalty(x, y):\n    d = torch.clamp(y - x, min=-20, max=20)\n    r = torch.exp(d)\n"
+                "    return torch.clamp((r - d - 1).contiguous(), min=-10, max=10)\n\n"
+                "def step(opt, lp, lq, adv):\n    out = -(lp * adv).mean() - 0.1 * penalty(lp, lq).mean()\n"
+                "    out.backward()\n    opt.step()\n    opt.zero_grad()\n", line=7,
+                why="a helper of the module returns the estimate (clamped): its formula, not its name, makes it a KL",
+                capability="C3", style="functional"),
         Invalid("loss = pg_loss - kl_coef * kl\n", line=1, fixed="loss = pg_loss + kl_coef * kl\n", preview=True),
         Invalid("loss = pg_loss\nloss -= self.beta * kl.mean()\n", line=2,
                 fixed="loss = pg_loss\nloss += self.beta * kl.mean()\n", preview=True),
