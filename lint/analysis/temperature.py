@@ -28,8 +28,8 @@ from typing import TYPE_CHECKING
 import libcst as cst
 
 from rlguard.lint.analysis.alignment import gather_site
-from rlguard.lint.analysis.index import dotted_name
-from rlguard.lint.analysis.provenance import models
+from rlguard.lint.analysis.index import dotted_name, key_of
+from rlguard.lint.analysis.provenance import models, objects
 
 if TYPE_CHECKING:
     from rlguard.lint.analysis import Analysis
@@ -93,26 +93,112 @@ def _direct(a: "Analysis", scope: cst.CSTNode) -> tuple[bool, list[cst.Call]]:
     types = (cst.BinaryOperation, cst.AugAssign, cst.Call)
     calls = []
     for node in (a.nodes(*types) if scope is a.module else a.index.descendants(scope, *types)):
-        if isinstance(node, cst.BinaryOperation):
-            if isinstance(node.operator, cst.Divide) and temperature_expr(node.right):
-                return True, calls
-        elif isinstance(node, cst.AugAssign):
-            if isinstance(node.operator, cst.DivideAssign) and temperature_expr(node.value):
-                return True, calls
-        else:
-            callee = _callee(node)
-            if WARPER.fullmatch(callee):
-                return True, calls
-            if callee in ("div", "div_", "true_divide") and node.args and temperature_expr(node.args[0].value):
-                return True, calls
-            if not is_sampling_call(node):
-                for arg in node.args:
-                    if arg.keyword is not None and TEMPERATURE_WORD.fullmatch(arg.keyword.value):
-                        return True, calls
-                    if arg.keyword is None and temperature_expr(arg.value):
-                        return True, calls
+        if _applies(node):
+            return True, calls
+        if isinstance(node, cst.Call):
             calls.append(node)
     return False, calls
+
+
+def _applies(node: cst.CSTNode) -> bool:
+    """Whether the node scales logits by a temperature (a division by one, a warper, a temperature handed to a
+    call that does not sample)."""
+    if isinstance(node, cst.BinaryOperation):
+        return isinstance(node.operator, cst.Divide) and temperature_expr(node.right)
+    if isinstance(node, cst.AugAssign):
+        return isinstance(node.operator, cst.DivideAssign) and temperature_expr(node.value)
+    if not isinstance(node, cst.Call):
+        return False
+    callee = _callee(node)
+    if WARPER.fullmatch(callee):
+        return True
+    if callee in ("div", "div_", "true_divide") and node.args and temperature_expr(node.args[0].value):
+        return True
+    if not is_sampling_call(node):
+        for arg in node.args:
+            if arg.keyword is not None and TEMPERATURE_WORD.fullmatch(arg.keyword.value):
+                return True
+            if arg.keyword is None and temperature_expr(arg.value):
+                return True
+    return False
+
+
+def applications(a: "Analysis") -> list[cst.CSTNode]:
+    """Every node of the module that applies a temperature (:func:`_applies`)."""
+    return a.facet("temperature_applications", lambda an: [
+        n for n in an.nodes(cst.BinaryOperation, cst.AugAssign, cst.Call) if _applies(n)])
+
+
+def may_reach(a: "Analysis", func: cst.FunctionDef, model_roots: frozenset | None, depth: int = 3) -> bool:
+    """Whether a temperature the module applies may reach the logits ``func`` computes from a model forward of its
+    own: it is applied in ``func`` or a helper it calls (:func:`applies_temperature`), handed to ``func`` by a
+    call of it (through ``depth`` levels of callers), applied outside any function, or handed to a call that
+    builds the model ``func`` runs (``self.policy = Wrapper(model, temperature=t)``; when that model is unknown,
+    to any call whose value is bound). An application elsewhere (another scorer's logits, a loss coefficient,
+    a sampler's settings) does not touch these logits."""
+    from rlguard.lint.analysis.grad import call_sites
+
+    if applies_temperature(a, func):
+        return True
+    todo, seen = [(func, depth)], {id(func)}
+    while todo:
+        f, d = todo.pop()
+        for site in call_sites(a, f):
+            if _applies(site):
+                return True
+            outer = a.enclosing_function(site)
+            if outer is not None and id(outer) not in seen and d > 0:
+                seen.add(id(outer))
+                todo.append((outer, d - 1))
+    if model_roots is not None:
+        model_roots = _with_arguments(a, func, model_roots)
+    for node in applications(a):
+        if a.enclosing_function(node) is None:
+            return True
+        if isinstance(node, cst.Call):
+            stmt = a.index.statement_of(node)
+            bound = {d.key for d in a.index.stmt_defs.get(id(stmt), ())}
+            if not bound:
+                continue
+            built = objects(a).value(node)
+            built = {o.key for o in built} if isinstance(built, frozenset) else set()
+            if model_roots is None or (bound | built) & model_roots:
+                return True
+    return False
+
+
+def _with_arguments(a: "Analysis", func: cst.FunctionDef, roots: frozenset) -> frozenset:
+    """``roots`` with, for each of ``func``'s parameters among them, the objects its callers in the module hand
+    it (the model a scorer is given is the one its caller runs)."""
+    from rlguard.lint.analysis.grad import call_sites
+    from rlguard.lint.analysis.index import params_of
+
+    cls = a.enclosing_class(func)
+    prefix = f"{cls.name.value}." if cls is not None else ""
+    prefix += f"{func.name.value}:"
+    names = [r[len(prefix):] for r in roots if isinstance(r, str) and r.startswith(prefix)]
+    if not names:
+        return roots
+    positional = [p.name.value for p in (*func.params.posonly_params, *func.params.params)]
+    if cls is not None and positional and positional[0] in ("self", "cls"):
+        positional = positional[1:]
+    found = set(roots)
+    for site in call_sites(a, func):
+        plain = [arg for arg in site.args if arg.keyword is None and not arg.star]
+        for name in names:
+            value = next((arg.value for arg in site.args if arg.keyword is not None and arg.keyword.value == name),
+                         None)
+            if value is None and name in positional and positional.index(name) < len(plain):
+                value = plain[positional.index(name)].value
+            if value is None:
+                continue
+            objs = objects(a).value(value)
+            if isinstance(objs, frozenset):
+                found |= {o.key for o in objs}
+            key = key_of(value)
+            if key is not None:
+                found.add(key)
+    return frozenset(found)
 
 
 def applies_temperature(a: "Analysis", scope: cst.CSTNode | None = None, depth: int = 2) -> bool:

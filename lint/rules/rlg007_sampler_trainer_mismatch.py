@@ -16,7 +16,7 @@ from rlguard.lint.analysis.semantics import CROSS_ENTROPY, argument, literal_boo
 from rlguard.lint.analysis.temperature import (TEMPERATURE_WORD, all_assignments, applies_temperature, autocast_region,
                                                gathered_logp, is_model_call, logits_divisor,
                                                is_sampling_call, key_name, loss_inputs, model_call_of, model_role,
-                                               plain_reaching, temperature_expr, upcast)
+                                               may_reach, plain_reaching, temperature_expr, upcast)
 from rlguard.lint.rule import Invalid, Rule, Valid, Violation
 
 
@@ -57,6 +57,22 @@ _SAMPLER_SCORES = (
 )
 
 
+_FUSED_LOSS_ELSEWHERE = (
+    'class Learner:\n'
+    '    def __init__(self, policy, cfg):\n'
+    '        self.policy, self.temperature = {policy}, cfg.temperature\n'
+    '        self.fused = FusedLinearLoss(beta=cfg.beta, temperature=self.temperature)\n'
+    '        self.sampling = SamplingParams(temperature=self.temperature, logprobs=0)\n'
+    '\n'
+    '    def token_logps(self, model, ids, n):\n'
+    '        out = model(input_ids=ids)\n'
+    '        logits = out.logits[:, :-1, :][:, -n:, :]\n'
+    '        return selective_log_softmax(logits, ids[:, -n:])\n'
+    '\n'
+    '    def loss(self, model, batch):\n'
+    '        logp = self.token_logps({scored}, batch["ids"], batch["n"])\n'
+    '        return -(torch.exp(logp - batch["sampling_logp"]) * batch["adv"]).mean()\n')
+
 class SamplerTrainerMismatch(Rule):
     """
     ## What it flags
@@ -82,9 +98,12 @@ class SamplerTrainerMismatch(Rule):
 
     - the sampler's temperature is a symbol (`SamplingParams(temperature=cfg["rollout"]["temperature"])`,
       `GenerationConfig(temperature=args.temperature)`, a caller's parameter) and the trainer scores the
-      policy's logits undivided, in a module that applies no temperature to logits anywhere (no division by a
-      temperature, no `temperature=` handed to a model wrapper or log-prob helper, no logits warper), and the
-      module uses the sampler's log-probs or scores (an old-logp value, `output_scores=True`, `logprobs=`);
+      policy's logits undivided, where no temperature the module applies can reach those logits (a division by
+      a temperature, a `temperature=` handed to a model wrapper or log-prob helper, a logits warper: none in the
+      scoring function or the helpers it calls, none handed to it by its callers, none building the model it
+      runs; when the logits come from elsewhere than a forward in the scoring function, none anywhere in the
+      module), and the module uses the sampler's log-probs or scores (an old-logp value, `output_scores=True`,
+      `logprobs=`). A temperature handed to a fused loss built for another path does not reach them;
     - one method divides a model's logits by a temperature symbol (`logits.div_(cfg["generation"]["temperature"])`)
       while another method of the same class scores the same model's logits undivided and applies no
       temperature at all (the old log-probs recomputed at temperature 1, or the training loss at temperature 1);
@@ -213,6 +232,14 @@ class SamplerTrainerMismatch(Rule):
         Valid("old_logp = batch['old_logp']\nlogits = model(ids).logits\n"
               "samples = torch.multinomial(torch.softmax(logits[:, -1] / 0.7, -1), 1)\n",
               "a sampler in view but the trainer's temperature is unknown"),
+        Valid(_FUSED_LOSS_ELSEWHERE.format(policy="Tempered(policy, temperature=cfg.temperature)", scored="self.policy"),
+              why="the scorer runs the model built with the temperature", capability='C6', style='class'),
+        Valid(_FUSED_LOSS_ELSEWHERE.format(policy="policy", scored="model").replace(
+            "    def token_logps(self, model, ids, n):\n", "    def token_logps(self, model, ids, n, t=1.0):\n").replace(
+            'self.token_logps(model, batch["ids"], batch["n"])',
+            'self.token_logps(model, batch["ids"], batch["n"], temperature=self.temperature)'),
+              why="its caller hands the scorer the temperature (what the scorer does with it is another question)",
+              capability='C6', style='class'),
         Valid('class GroupLearner:\n'
               '    def __init__(self, policy, cfg):\n'
               '        self.policy, self.cfg = policy, cfg\n'
@@ -459,6 +486,9 @@ class SamplerTrainerMismatch(Rule):
               "both paths divide their logits by the temperature", capability="C12", style="class"),
     ]
     INVALID = [
+        Invalid(_FUSED_LOSS_ELSEWHERE.format(policy="policy", scored="model"), line=10,
+                why="the temperature handed to a fused loss built for another path does not reach the logits this "
+                    "scorer computes from its own forward", capability='C6', style='class'),
         Invalid("import torch\n"
                 "from transformers import GenerationConfig\n"
                 "\n"
@@ -1128,18 +1158,35 @@ def _symbolic(ctx: Analysis, samplers: set[int], sampler_temps, reported: set[in
     the trainer scores the policy's logits undivided in a module that applies no temperature anywhere."""
     symbols = [(c, e) for c, e, v in sampler_temps if v is None and isinstance(c, cst.Call)
                and _symbol(ctx, e)]
-    if not symbols or any(v == 1.0 for _, _, v in sampler_temps) or applies_temperature(ctx):
+    if not symbols or any(v == 1.0 for _, _, v in sampler_temps):
         return
     if not _samples_for_training(ctx):
         return
+    anywhere = applies_temperature(ctx)
     call, expr = symbols[0]
     for site, logits, divisor in _sites(ctx, samplers):
         if divisor is not None or id(site) in reported or not _policy_site(ctx, site, logits):
+            continue
+        if anywhere and not _beyond_reach(ctx, site, logits):
             continue
         reported.add(id(site))
         yield Violation(site, f"the trainer's log-probs use the policy's logits not divided by any temperature, "
                               f"but the sampler{_at(ctx, call)} samples at `{ctx.code(expr)}`, which is "
                               "not 1 unless configured so; divide the logits by the same temperature")
+
+
+def _beyond_reach(ctx: Analysis, site: cst.CSTNode, logits: cst.BaseExpression | None) -> bool:
+    """Whether the site scores logits of a model forward run in its own function, and no temperature the module
+    applies can reach them (:func:`may_reach`): the module's other applications scale other logits."""
+    func = ctx.enclosing_function(site)
+    chain = logits if logits is not None else _site_logits(ctx, site)
+    if func is None or chain is None:
+        return False
+    forward = model_call_of(ctx, chain)
+    if forward is None or ctx.enclosing_function(forward) is not func:
+        return False
+    ref = model_role(ctx, chain)
+    return not may_reach(ctx, func, ref.roots if ref is not None else None)
 
 
 def _symbol(ctx: Analysis, expr: cst.BaseExpression) -> bool:
