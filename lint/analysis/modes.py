@@ -93,11 +93,15 @@ def scoring_copies(a: "Analysis") -> list[ScoringCopy]:
             targets = [t.target for t in stmt.targets] if isinstance(stmt, cst.Assign) else [stmt.target]
             if len(targets) != 1 or stmt.value is None:
                 continue
-            key = key_of(targets[0])
-            if key is None:
-                continue
             call, chain_sets = _core(an, stmt.value)
             if chain_sets or not isinstance(call, cst.Call):
+                continue
+            summary = an.summary_of_call(call)
+            if summary is not None and summary.returns_module:
+                found += _factory_copies(an, stmt, call, frozenset(summary.returns_module))
+                continue
+            key = key_of(targets[0])
+            if key is None:
                 continue
             how = _how(an, call)
             if how is None:
@@ -125,6 +129,58 @@ def scoring_copies(a: "Analysis") -> list[ScoringCopy]:
                 found.append(ScoringCopy(d, call, how, roots, evidence, models(an).roots(stmt.value)))
         return found
     return a.facet("scoring_copies", build)
+
+
+def _factory_copies(a: "Analysis", stmt, call: cst.Call, positions: frozenset) -> list[ScoringCopy]:
+    """The names ``stmt`` binds to what a function of another file of the linted tree returns at ``positions``
+    (-1: its whole value, else a tuple element): a module that function builds by a class constructor and loads
+    weights into, handed back without a mode (so in train mode); each that scores and is not trained."""
+    found = []
+    facts = models(a)
+    for d in a.index.stmt_defs.get(id(stmt), ()):
+        position = -1 if d.element is None else d.element
+        if d.kind != "assign" or position not in positions:
+            continue
+        objs = facts.objs.def_value(d, d.key, stmt, None)
+        if not isinstance(objs, frozenset) or not objs:
+            continue
+        roots = frozenset(o.key for o in objs)
+        if roots & facts.trained_roots():
+            continue
+        evidence = _scores(a, roots)
+        if evidence is not None:  # the weights come from out of view: no_grad alone is a scoring forward here
+            found.append(ScoringCopy(d, call, "factory", roots, evidence, objs))
+    return found
+
+
+def returned_modules(a: "Analysis", returns: list) -> list[int]:
+    """For a function's summary: the positions (-1: the whole value, else a tuple element) at which every return
+    hands back a module the function builds by a class constructor and loads weights into, without setting its
+    mode or handing it to code that may (so the caller gets it in train mode)."""
+    common: set | None = None
+    for r in returns:
+        value = r.value
+        parts = [(i, el.value) for i, el in enumerate(value.elements) if isinstance(el, cst.Element)] \
+            if isinstance(value, cst.Tuple) else [(-1, value)]
+        here = {pos for pos, expr in parts if _fresh_module(a, expr)}
+        common = here if common is None else common & here
+    return sorted(common or ())
+
+
+def _fresh_module(a: "Analysis", expr: cst.BaseExpression) -> bool:
+    facts = models(a)
+    objs = facts.roots(expr)
+    if len(objs) != 1:
+        return False
+    obj = next(iter(objs))
+    call = facts.objs.facet.calls.get(obj.node_id) if obj.kind in ("new", "opaque") else None
+    if call is None or _how(a, call) != "constructor" or \
+            (dotted_name(call.func) or "").rsplit(".", 1)[-1] in MODE_FREE_LAYERS:
+        return False  # `nn.Linear(...)`: a layer without dropout scores the same in any mode
+    roots = frozenset({obj.key})
+    if _weights_loaded(a, roots) is None or _mode_free_class(a, objs):
+        return False
+    return not (_mode_set(a, roots) or _escapes(a, roots))
 
 
 def _how(a: "Analysis", call: cst.Call) -> str | None:
@@ -335,7 +391,7 @@ def _built_of_mode_free_layers(a: "Analysis", cls: cst.ClassDef, depth: int) -> 
     return True
 
 
-__all__ = ["MODE_METHOD", "ScoringCopy", "mode_is_set", "scoring_copies"]
+__all__ = ["MODE_METHOD", "ScoringCopy", "mode_is_set", "returned_modules", "scoring_copies"]
 
 
 # ===== a trained model scored in the train mode the module puts it in ==============================================

@@ -27,7 +27,7 @@ from rlguard.lint.analysis.index import dotted_name, params_of
 if TYPE_CHECKING:
     from rlguard.lint.analysis import Analysis
 
-VERSION = 3
+VERSION = 4
 
 
 @dataclass
@@ -50,6 +50,9 @@ class FunctionSummary:
     # every return is this argument (position, name) up to sign-keeping steps: reductions, masks and positive
     # scalings (`masked_mean(values, mask)`, `(values * mask).sum(-1) / n`): a loss reduced by it keeps its sign
     returns_keeps: tuple[int | None, str] | None = None
+    # positions (-1: the whole value, else a tuple element) of a module it builds by a class constructor and loads
+    # weights into, returned without a mode set (a new module starts in train mode)
+    returns_module: list[int] = field(default_factory=list)
 
     def returned_argument(self) -> tuple[int | None, str] | None:
         if self.returns_param is None:
@@ -116,7 +119,11 @@ class Project:
             return self._modules[module]
         found = None
         rel = Path(*module.split("."))
-        for root in self.roots:
+        # a script folder (no __init__.py) that imports its own folder, or a sibling one, as a namespace package
+        # (`from trainer.utils import f` in trainer/train.py, its parent put on sys.path): the folder above it
+        scripts = [root.parent for root in self.roots if root.name == module.split(".")[0]
+                   and not (root / "__init__.py").is_file()]
+        for root in [*self.roots, *scripts]:
             for candidate in (root / rel.with_suffix(".py"), root / rel / "__init__.py"):
                 if candidate.is_file():
                     found = candidate
@@ -247,6 +254,7 @@ def summarise(a: "Analysis", func: cst.FunctionDef, qualname: str) -> FunctionSu
                                        and o.name in params and o.name not in ("self", "cls")})
         summary.returns_signed = _returns_signed(a, returns)
         summary.returns_keeps = _returns_keeps(a, func, returns, positional)
+        summary.returns_module = _returns_module(a, returns)
     for call in a.index.descendants(func, cst.Call):
         if a.index.function_scope(call).node is not func:
             continue
@@ -260,6 +268,14 @@ def summarise(a: "Analysis", func: cst.FunctionDef, qualname: str) -> FunctionSu
         elif method == "step" and target:
             summary.steps.append(target)
     return summary
+
+
+def _returns_module(a: "Analysis", returns: list) -> list[int]:
+    if not any(S.method_name(c) == "load_state_dict" for c in a.nodes(cst.Call)):
+        return []  # cheap: a module it builds and loads weights into needs a load_state_dict in the file
+    from rlguard.lint.analysis.modes import returned_modules
+
+    return returned_modules(a, returns)
 
 
 def _returns_signed(a: "Analysis", returns: list) -> dict[str, int]:

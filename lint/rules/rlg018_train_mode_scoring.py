@@ -36,6 +36,12 @@ class TrainModeScoring(Rule):
     batch statistics (its mode changes nothing). `requires_grad_(False)` does not count: it freezes the weights and
     leaves dropout on.
 
+    The copy may also come from a factory in another file of the linted tree (`ref, _ = init_model(cfg)`): a
+    function that builds the module by a class constructor, loads weights into it and returns it (whole or as a
+    tuple element) without setting its mode or handing it to code that may; the caller then freezes it or scores
+    it under no_grad and never puts it in eval mode. A script folder without `__init__.py` that imports its own
+    folder (`from trainer.utils import init_model` in `trainer/train.py`) resolves as a namespace package.
+
     It also flags a forward, run with autograd off to score (old log-probs, values), of a model the module puts in
     train mode (`.train()`, `set_training_mode(True)`) and never in any other mode: after the update step that sets
     train mode, the next scoring pass runs with dropout on.
@@ -99,7 +105,8 @@ class TrainModeScoring(Rule):
     # stable since 2026-12-07: no FALSE finding on the 49 ecosystem repositories (none at all in validation and
     # holdout), and renaming changes none of its findings; see docs/lint.md, "Stable and preview"
     preview = False
-    triggers = (r"deepcopy|load_state_dict|\.train\(", r"requires_grad|no_grad|inference_mode")
+    # a model frozen in a file that builds none itself may come from a factory of another file (returns_module)
+    triggers = (r"deepcopy|load_state_dict|\.train\(|requires_grad_\(False\)", r"requires_grad|no_grad|inference_mode")
 
     VALID = [
         Valid("import copy\n"
@@ -363,7 +370,9 @@ class TrainModeScoring(Rule):
                 continue
             name = copy.d.key
             built = "copies its source's train mode" if copy.how == "deepcopy" else \
-                "is built by its constructor, which starts it in train mode"
+                "is built by its constructor, which starts it in train mode" if copy.how == "constructor" else \
+                f"is built by `{ctx.call_name(copy.call) or 'its factory'}`, which constructs it (train mode) and " \
+                f"returns it without a mode"
             use = "its weights are frozen for scoring" if copy.evidence == "frozen" else \
                 "it scores under no_grad"
             yield Violation(copy.call, f"`{name}` {built} and is never put in eval mode, yet {use}: its dropout "
