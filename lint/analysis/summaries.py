@@ -271,7 +271,9 @@ def summarise(a: "Analysis", func: cst.FunctionDef, qualname: str) -> FunctionSu
 
 
 def _returns_module(a: "Analysis", returns: list) -> list[int]:
-    if not any(S.method_name(c) == "load_state_dict" for c in a.nodes(cst.Call)):
+    loads = a.facet("loads_state_dict", lambda an: any(S.method_name(c) == "load_state_dict"
+                                                       for c in an.nodes(cst.Call)))
+    if not loads:
         return []  # cheap: a module it builds and loads weights into needs a load_state_dict in the file
     from rlguard.lint.analysis.modes import returned_modules
 
