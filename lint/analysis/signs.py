@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Callable
 import libcst as cst
 
 from rlguard.lint.analysis import semantics as S
-from rlguard.lint.analysis.index import key_of, read_name
+from rlguard.lint.analysis.index import dotted_name, key_of, read_name
 from rlguard.lint.analysis.roles import is_mask_by_use
 from rlguard.lint.analysis.values import Frame
 
@@ -369,8 +369,7 @@ class Signs:
             return 1 if number > 0 else (-1 if number < 0 else None)
         if isinstance(value, (cst.Name, cst.Attribute)):
             dotted = self.a.code(value)
-            head = dotted.split(".", 1)[0]
-            if head in ("self", "args", "cfg", "config", "hparams", "opts", "params", "settings") and "." in dotted:
+            if dotted.startswith("self.") or setting_read(value):
                 return 1 if self.scale(value, frame, depth) != -1 else -1
             return self.scale(value, frame, depth)
         if isinstance(value, cst.Call) and S.called_name(value) in ("get", "getattr", "float", "int") and value.args:
@@ -395,6 +394,21 @@ class Signs:
         return found
 
 
+# A settings object by its name (`loss_config`, `train_cfg`, `model_args`): a field read from it is a setting.
+_CONFIG_HOLDER = re.compile(r"(?i)\w+_(config|cfg|args|hparams|opts|params|settings)")
+_SETTINGS = frozenset({"args", "cfg", "config", "hparams", "opts", "params", "settings"})
+
+
+def setting_read(expr: cst.BaseExpression) -> bool:
+    """A field read off a settings object (``loss_config.kl_penalty``, ``args.beta``, ``self.config.kl_coef``): a
+    scalar hyperparameter, never a tensor the training computes, whatever the field is called."""
+    if not isinstance(expr, cst.Attribute):
+        return False
+    parts = (dotted_name(expr) or "").split(".")
+    if len(parts) < 2:
+        return False
+    head = parts[1] if parts[0] == "self" and len(parts) > 2 else parts[0]
+    return head in _SETTINGS or _CONFIG_HOLDER.fullmatch(head) is not None
 _COEF = re.compile(r"(?i)(\w*_)?(coef|coeff|coefficient|beta|alpha|lambda|lam|scale|temperature|gamma|factor|"
                    r"tau)|\w*_(coef|coeff|weight|scale|factor)|c\d?")
 _COEF_WORD = re.compile(r"(?i)(^|_)(coef|coeff|coefficient|beta|alpha|weight|scale|factor)(_|$)")

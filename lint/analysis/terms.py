@@ -20,7 +20,7 @@ from rlguard.lint.analysis.infoforms import forms
 from rlguard.lint.analysis.losses import top_terms
 from rlguard.lint.analysis.provenance import FORWARD, ROLLOUT, provenance
 from rlguard.lint.analysis.records import record_entries
-from rlguard.lint.analysis.signs import factors, signs
+from rlguard.lint.analysis.signs import factors, setting_read, signs
 from rlguard.lint.analysis.values import Frame
 
 if TYPE_CHECKING:
@@ -110,6 +110,8 @@ class Quantities:
                     # `entropy = None` / `kl_penalty = 0.` before the branch that computes it (the term switched
                     # off): no signed value that reaches a sum
                     continue
+                if setting_read(d.value):
+                    return None  # `self.c = loss_config.kl_penalty`: a coefficient read from the settings
                 found.add(self.sign(kind, d.value, frame, depth - 1))
             elif d.kind == "assign" and d.element is not None and isinstance(d.value, cst.Call) and d.key == key:
                 found.add(self._returned_element(kind, d.value, d.element, frame, depth))

@@ -156,6 +156,19 @@ _SAMPLED_KL = (
     "    ((out * mask).sum() / mask.sum()).backward()\n"
     "    opt.step()\n"
     "    opt.zero_grad()\n")
+# Advantages shaped by a KL penalty, the coefficient read from a settings object in __init__.
+_ADVANTAGE_KL = (
+    "import torch\n\n"
+    "class Estimator:\n"
+    "    def __init__(self, loss_config):\n"
+    "        self.kl_coef = loss_config.reference_policy_kl_penalty\n\n"
+    "    def compute_advantage(self, rewards, mask, logprobs, reference_logprobs):\n"
+    "        adv = rewards - rewards.mean()\n"
+    "        adv = adv.unsqueeze(-1).expand(mask.shape)\n"
+    "        kl = logprobs - reference_logprobs\n"
+    "        adv = adv {sign} self.kl_coef * kl\n"
+    "        return adv * mask\n")
+
 _NEUTRAL_KL = ("def step(opt, p, q, adv, beta):\n"
                "    k = {k}\n"
                "    out = -(p * adv).mean() - beta * k.mean()\n"
@@ -242,6 +255,8 @@ class KlSign(Rule):
     VALID = [
         Valid(_SAMPLED_KL.format(k="torch.exp(b - a) - (b - a) - 1", sign="+"),
               why="the k3 estimate added to the minimised loss: a penalty", capability="C1", style="functional"),
+        Valid(_ADVANTAGE_KL.format(sign="-"), why="the KL penalty subtracted from the advantages",
+              capability="C2", style="class"),
         Valid(_NEUTRAL_KL.format(k="torch.exp(q) - (q - p) - 1"),
               why="look-alike: the exponent is not the difference the linear part subtracts, so no estimate; nothing "
                   "says whose log-probs p and q are", capability="C1", style="functional"),
@@ -412,6 +427,9 @@ class KlSign(Rule):
         Invalid(_SAMPLED_KL.format(k="(r - 1) - r.log()", sign="-").replace("    k = ", "    r = torch.exp(b - a)\n    k = "),
                 line=12, why="the same estimate written with the ratio r = exp(d): r - 1 - log r", capability="C1",
                 style="functional"),
+        Invalid(_ADVANTAGE_KL.format(sign="+"), line=11,
+                why="a function named for the advantages returns them shaped by the KL with a + sign; the "
+                    "coefficient is a field of a settings object (loss_config)", capability="C2", style="class"),
         Invalid(_NEUTRAL_KL.format(k="torch.exp(q - p) - (q - p) - 1"), line=3,
                 why="nothing names the operands: the formula alone says it is a KL", capability="C1", style="functional"),
         Invalid("def penalty(x, y):\n    d = torch.clamp(y - x, min=-20, max=20)\n    r = torch.exp(d)\n"
@@ -724,8 +742,10 @@ def _copied_defs(ctx: Analysis, operand: cst.BaseExpression) -> list[int]:
 
 
 # Interface names (keywords, parameters, string keys: not renamed with a file's locals) that hold a reward value.
-_REWARD_INTERFACE = re.compile(r"(?i)(\w+_)?rewards?(_\w+)?")
-_NOT_A_REWARD = re.compile(r"(?i)model|fn|func|name|weight|coef|scale|std|mean|norm|ids?$|mask|type|kwargs|config")
+# Advantages count: a KL penalty shaped into the advantages (`adv = adv - beta * kl`) is a reward shaping too.
+_REWARD_INTERFACE = re.compile(r"(?i)(\w+_)?(rewards?|advantages?|advs?)(_\w+)?")
+_NOT_A_REWARD = re.compile(r"(?i)model|fn|func|name|weight|coef|scale|std|mean|norm|ids?$|mask|type|kwargs|config|"
+                           r"estimator|mode|kind|clip")
 
 
 def _reward_key(key: str) -> bool:
@@ -755,17 +775,21 @@ def _reward_by_interface(ctx: Analysis, d) -> bool:
 
 
 def _returned_keys(value: cst.BaseExpression) -> set[str]:
-    """The keys a return statement hands back: the value's, or each element's of a returned tuple
-    (``return reward, kl``: the KL returned beside the reward is no reward, having no score term)."""
+    """The keys a return statement hands back: the value's, each element's of a returned tuple (``return reward,
+    kl``: the KL returned beside the reward is no reward, having no score term), each factor's of a product."""
     if isinstance(value, (cst.Tuple, cst.List)):
-        return {key for el in value.elements for key in [key_of(el.value)] if key is not None}
+        return {key for el in value.elements for key in _returned_keys(el.value)}
+    if isinstance(value, cst.BinaryOperation) and isinstance(value.operator, (cst.Multiply, cst.Divide)):
+        return _returned_keys(value.left) | _returned_keys(value.right)  # `return adv * mask`: masked, or scaled
     key = key_of(value)
     return {key} if key is not None else set()
 
 
 def _names_reward(ctx: Analysis, name: str) -> bool:
-    """A function's name says it computes the reward (``compute_rewards``, ``shaped_reward``)."""
-    return ctx.names.is_role(name, "rewards") or "reward" in name.lower()
+    """A function's name says it computes the reward or the advantages (``compute_rewards``, ``shaped_reward``,
+    ``compute_advantage``)."""
+    lowered = name.lower()
+    return ctx.names.is_role(name, "rewards") or "reward" in lowered or "advantage" in lowered
 
 
 def _reads_key(ctx: Analysis, operand: cst.BaseExpression, key: str) -> bool:
