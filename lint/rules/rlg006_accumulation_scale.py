@@ -54,6 +54,18 @@ _HF_LOSS = ("def token_loss(outputs, labels, num_items_in_batch=None):\n"
             "    return -(logp * mask).sum() / {count}\n")
 
 
+# a loss function with one branch per loss type; {dapo}: what the accumulated-count branch divides by
+_BRANCHED_LOSS = ("def branch_loss(self, per_token_loss, mask, inputs):\n"
+                  "    if self.loss_type == 'bnpo':\n"
+                  "        loss = (per_token_loss * mask).sum() / mask.sum().clamp(min=1.0)\n"
+                  "        normalizer = self.current_gradient_accumulation_steps\n"
+                  "        loss = loss / normalizer\n"
+                  "    else:\n"
+                  "        normalizer = inputs['num_items_in_batch'].clamp(min=1.0) / self.world_size\n"
+                  "        loss = (per_token_loss * mask).sum() / {dapo}\n"
+                  "    return loss\n")
+
+
 class AccumulationScale(Rule):
     """
     ## What it flags
@@ -71,7 +83,9 @@ class AccumulationScale(Rule):
     A loss function handed `num_items_in_batch` (Hugging Face's Trainer passes the token count of the whole
     accumulated batch under that name, and then does not divide the returned loss by the accumulation steps)
     that returns its token sum divided by its own microbatch's count (`mask.sum()`) and divides by the handed
-    count nowhere.
+    count nowhere. The same in one branch of a loss function that binds the accumulated count itself
+    (`normalizer = inputs["num_items_in_batch"] / world_size`, read from the batch by its key) and, while that
+    name still holds it, returns the token sum divided by the microbatch's own count instead.
 
     Across data-parallel ranks: a loss multiplied by the world size (`loss * world_size / n_tokens`, undoing
     the gradient averaging) whose token count is summed on this rank only (a mask sum that no collective takes
@@ -129,6 +143,8 @@ class AccumulationScale(Rule):
                 r"(?i)accum|micro|\.chunk\(|\.split\(|\bmbs?\b|\bparts\b|\bn_chunks\b|num_items_in_batch")
 
     VALID = [
+        Valid(_BRANCHED_LOSS.format(dapo="normalizer"), why="the branch divides by the accumulated count it binds; "
+              "the other divides its microbatch mean by the accumulation steps", capability="C2", style="class"),
         Valid(_HF_LOSS.format(count="num_items_in_batch"),
               why="the token sum divided by the accumulated batch's count (its own count only when none is given)",
               capability="C6", style="functional"),
@@ -275,6 +291,9 @@ class AccumulationScale(Rule):
               "each microbatch's token sum divided by the whole batch's token count", capability="C2", style="functional"),
     ]
     INVALID = [
+        Invalid(_BRANCHED_LOSS.format(dapo="mask.sum()"), line=8,
+                why="the branch binds the accumulated count and divides by the microbatch's own count instead",
+                capability="C2", style="class"),
         Invalid(_HF_LOSS.format(count="mask.sum()"), line=7,
                 why="handed the accumulated batch's count and divided by the microbatch's own", capability="C6",
                 style="functional"),
@@ -835,24 +854,79 @@ ACCUMULATED_COUNT = "num_items_in_batch"
 
 def _ignores_accumulated_count(ctx: Analysis) -> Iterator[Violation]:
     """A loss function handed ``num_items_in_batch`` that divides by its own microbatch's token count instead (and
-    by the handed count nowhere): the trainer sums the microbatch means it returns."""
+    by the handed count nowhere): the trainer sums the microbatch means it returns. Or, in one branch of a loss
+    function, the accumulated count is bound (``normalizer = inputs["num_items_in_batch"] / world``) and still
+    unused where the returned loss is divided by the microbatch's own count."""
     for func in ctx.nodes(cst.FunctionDef):
         params = {p.name.value for p in (*func.params.params, *func.params.kwonly_params)}
-        if ACCUMULATED_COUNT not in params:
+        handed = ACCUMULATED_COUNT in params
+        bound = _bound_accumulated_counts(ctx, func)
+        if not handed and not bound:
             continue
         divisions = [node for node in ctx.index.descendants(func, cst.BinaryOperation)
-                     if isinstance(node.operator, cst.Divide)]
-        if any(ACCUMULATED_COUNT in _names_in(node.right) for node in divisions):
-            continue
+                     if isinstance(node.operator, cst.Divide) and ctx.enclosing_function(node) is func]
+        divides_by_it = any(ACCUMULATED_COUNT in _names_in(node.right) for node in divisions)
         for node in divisions:
-            if ctx.enclosing_function(node) is func and _own_count(ctx, node.right) and _returned(ctx, func, node):
-                yield Violation(node, f"`{ctx.code(node.right)}` counts this microbatch's own tokens, while the "
-                                      f"function is handed `{ACCUMULATED_COUNT}`, the count of the whole accumulated "
-                                      f"batch, and divides by it nowhere: the trainer then sums the microbatch means "
-                                      f"(no division by the accumulation steps), so the gradient grows with their "
-                                      f"number and short microbatches weigh more; divide the token sum by "
-                                      f"`{ACCUMULATED_COUNT}`")
+            own = _own_count(ctx, node.right)
+            if not ((own or bound and _counts_its_weights(ctx, node)) and _returned(ctx, func, node)):
+                continue
+            if handed and not divides_by_it and own:
+                yield _accumulated_count_violation(ctx, node, "the function is handed")
                 break
+            # the branch's own binding of the accumulated count shows the function normalises by it there, so a
+            # mask that counts the weights of the token sum is this microbatch's count
+            live = [d for d in bound if any(r is d for r in ctx.flow.reaching(d.key, node))]
+            if live and not any(d.key in _names_in(node.right) for d in live):
+                yield _accumulated_count_violation(ctx, node, f"`{live[0].key}` holds")
+                break
+
+
+def _bound_accumulated_counts(ctx: Analysis, func: cst.FunctionDef) -> list:
+    """The definitions in ``func`` of a plain name bound to the accumulated batch's count (read by its name or its
+    string key: ``n = inputs["num_items_in_batch"].clamp(min=1) / world``)."""
+    found = []
+    for stmt in ctx.index.descendants(func, cst.Assign):
+        if ctx.enclosing_function(stmt) is not func:
+            continue
+        text = ctx.code(stmt.value)
+        if ACCUMULATED_COUNT not in text:
+            continue
+        found += [d for d in ctx.index.stmt_defs.get(id(stmt), ()) if d.kind == "assign" and d.element is None
+                  and "." not in d.key and "[" not in d.key]
+    return found
+
+
+def _accumulated_count_violation(ctx: Analysis, node: cst.BinaryOperation, holder: str) -> Violation:
+    if holder == "the function is handed":
+        consequence = ("the trainer then sums the microbatch means (no division by the accumulation steps), so the "
+                       "gradient grows with their number and short microbatches weigh more")
+    else:
+        consequence = ("the loss accumulated over the microbatches is then made of per-microbatch token means, in "
+                       "which the tokens of short microbatches weigh more than in the one token mean this branch "
+                       "binds the count for")
+    return Violation(node, f"`{ctx.code(node.right)}` counts this microbatch's own tokens, while {holder} "
+                           f"`{ACCUMULATED_COUNT}`, the count of the whole accumulated batch, and the loss is "
+                           f"divided by it nowhere: {consequence}; divide the token sum by `{ACCUMULATED_COUNT}`")
+
+
+def _counts_its_weights(ctx: Analysis, division: cst.BinaryOperation) -> bool:
+    """``(v * w).sum() / w.sum()`` (clamped, cast): the division counts the weights of its own token sum."""
+    def core(expr, methods):
+        while isinstance(expr, cst.Call) and ctx.method(expr) in methods and S.receiver(expr) is not None:
+            expr = S.receiver(expr)
+        return expr
+
+    total = core(division.left, ("float",))
+    count = core(division.right, CLAMPS)
+    if not (isinstance(total, cst.Call) and ctx.method(total) == "sum" and isinstance(count, cst.Call) and
+            ctx.method(count) in COUNT_METHODS):
+        return False
+    product = S.receiver(total)
+    counted = key_of(S.receiver(count)) if S.receiver(count) is not None else None
+    if counted is None or not (isinstance(product, cst.BinaryOperation) and isinstance(product.operator,
+                                                                                       cst.Multiply)):
+        return False
+    return counted in (key_of(product.left), key_of(product.right))
 
 
 def _own_count(ctx: Analysis, expr: cst.BaseExpression, depth: int = 2) -> bool:
