@@ -171,6 +171,30 @@ def resolve(a: "Analysis", expr: cst.BaseExpression, depth: int = 6) -> cst.Base
     return expr
 
 
+def computed_from(a: "Analysis", expr: cst.BaseExpression, node: cst.CSTNode, depth: int = 8) -> bool:
+    """Whether the value of ``expr`` is computed from the result of ``node`` (an expression of the same function):
+    ``node`` is inside ``expr``, or a name, attribute path or key that ``expr`` reads is bound (through further
+    bindings, tuple targets included) by an expression holding ``node``."""
+    seen: set[int] = set()
+    stack = [(expr, depth)]
+    while stack:
+        here, left = stack.pop()
+        if here is node or a.contains(here, node):
+            return True
+        if left <= 0:
+            continue
+        reads = [here] if key_of(here) is not None else []
+        reads += [n for n in a.index.descendants(here, cst.Name, cst.Attribute, cst.Subscript)
+                  if key_of(n) is not None]
+        for read in reads:
+            for d in a.flow.reaching(key_of(read), read):
+                if id(d) in seen or d.value is None or d.kind not in ("assign", "aug"):
+                    continue
+                seen.add(id(d))
+                stack.append((d.value, left - 1))
+    return False
+
+
 def same_value(a: "Analysis", x: cst.BaseExpression, y: cst.BaseExpression) -> bool:
     """Whether ``x`` and ``y`` read the same binding (the same key path reached by the same definitions),
     after value-keeping casts and aliases; also two reads of the same entry of one container."""
@@ -190,4 +214,4 @@ def same_value(a: "Analysis", x: cst.BaseExpression, y: cst.BaseExpression) -> b
     return False
 
 
-__all__ = ["SHARED", "resolve", "same_value", "share_data", "sources", "strip_casts"]
+__all__ = ["SHARED", "computed_from", "resolve", "same_value", "share_data", "sources", "strip_casts"]

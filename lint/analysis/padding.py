@@ -260,6 +260,13 @@ def masked_sibling(a: "Analysis", call: cst.Call, ids: cst.BaseExpression) -> tu
     return None
 
 
+def carried(a: "Analysis", expr: cst.BaseExpression) -> cst.BaseExpression:
+    """``x`` of ``x.unsqueeze(-1).long()``: the tensor under methods that keep its values (dtype, device, view)."""
+    while isinstance(expr, cst.Call) and a.method(expr) in CARRY_METHODS and S.receiver(expr) is not None:
+        expr = S.receiver(expr)
+    return expr
+
+
 def _holds_at(a: "Analysis", expr: cst.BaseExpression, there: cst.CSTNode, here: cst.CSTNode) -> bool:
     """Whether the key path ``expr`` reads at ``there`` is reached at ``here`` by the same definitions."""
     key = key_of(strip_casts(a, expr))
@@ -634,6 +641,6 @@ def pad_labels_ignored(a: "Analysis") -> list[PadLabels]:
 
 
 __all__ = ["ATTENTION_MASK_NAME", "LAYOUT_KEYWORDS", "MaskCandidate", "OTHER_INPUT_MASK", "PadLabels",
-           "attention_masks", "calls_helper", "eos_valued", "forward_candidate_ids", "hands_attention_masks",
-           "is_ignore_index", "is_pad_named", "masked_sibling", "model_forward_ids", "pad_comparison",
-           "pad_labels_ignored", "pad_set_to_eos", "pad_settings", "splat_keys"]
+           "attention_masks", "calls_helper", "carried", "eos_valued", "forward_candidate_ids",
+           "hands_attention_masks", "is_ignore_index", "is_pad_named", "masked_sibling", "model_forward_ids",
+           "pad_comparison", "pad_labels_ignored", "pad_set_to_eos", "pad_settings", "splat_keys"]

@@ -9,12 +9,12 @@ import libcst as cst
 from rlguard.catalog import PADDING_LEAK
 from rlguard.lint.analysis import Analysis
 from rlguard.lint.analysis import semantics as S
-from rlguard.lint.analysis.depends import same_value
+from rlguard.lint.analysis.depends import computed_from, same_value
 from rlguard.lint.analysis.index import children
 from rlguard.lint.analysis.padding import (LAYOUT_KEYWORDS, OTHER_INPUT_MASK, MaskCandidate, attention_masks,
-                                          calls_helper, forward_candidate_ids, hands_attention_masks,
-                                          masked_sibling, model_forward_ids, own_kwargs_splat,
-                                          splat_keys)
+                                          calls_helper, carried, forward_candidate_ids,
+                                          hands_attention_masks, masked_sibling, model_forward_ids,
+                                          own_kwargs_splat, splat_keys)
 from rlguard.lint.analysis.provenance import forwards
 from rlguard.lint.analysis.uses import Use, def_consumers
 from rlguard.lint.rule import Invalid, Rule, Valid, Violation
@@ -41,6 +41,29 @@ _PACKED_OR_PADDED = ("class Actor(nn.Module):\n"
                      "            attention_mask = None\n"
                      "        out = self.model(sequences, {mask}position_ids=position_ids)\n"
                      "        return out['logits']\n")
+
+
+# a reward-model worker with a remove-padding path and a padded path; the mask also picks each row's last token
+_RM_WORKER = ("class RewardWorker:\n"
+              "    def __init__(self, path, rmpad):\n"
+              "        self.reward_module = AutoModelForTokenClassification.from_pretrained(path)\n"
+              "        self.use_remove_padding = rmpad\n"
+              "\n"
+              "    def score(self, micro_batch):\n"
+              "        input_ids = micro_batch['input_ids']\n"
+              "        attention_mask = micro_batch['attention_mask']\n"
+              "        position_ids = micro_batch['position_ids']\n"
+              "        if self.use_remove_padding:\n"
+              "            ids_rmpad, indices, *_ = unpad_input(input_ids.unsqueeze(-1), attention_mask)\n"
+              "            pos_rmpad = index_first_axis(position_ids.unsqueeze(-1), indices).transpose(0, 1)\n"
+              "            out = self.reward_module(input_ids=ids_rmpad.transpose(0, 1), attention_mask=None,\n"
+              "                                     position_ids=pos_rmpad)\n"
+              "            scores = pad_input(out.logits.squeeze(0), indices, *input_ids.shape).squeeze(-1)\n"
+              "        else:\n"
+              "            out = self.reward_module(input_ids=input_ids, {mask}position_ids=position_ids)\n"
+              "            scores = out.logits.squeeze(-1)\n"
+              "        last = torch.argmax(position_ids * attention_mask, dim=-1)\n"
+              "        return scores[torch.arange(scores.size(0)), last]\n")
 
 
 class PaddingLeak(Rule):
@@ -72,7 +95,11 @@ class PaddingLeak(Rule):
     positions alone do not hide the padding from attention. It also
     reports, whatever else the mask serves, a forward of ids that another call of the same function hands with
     `attention_mask=m` (`m` holding the same value at both calls; the policy and the critic get the mask, the
-    reference does not). It is silent when the forward takes any mask or a packed layout (`attention_mask=`,
+    reference does not), and a forward of padded ids whose mask the function also uses to remove their padding
+    for a model forward (`unpad_input(ids, mask)`, `ids[mask]`: the unpadded path of a remove-padding switch) or to
+    count the positions this forward takes (`mask.cumsum(-1)`: positions for rows whose padding comes first),
+    whatever else the mask serves (the index of each row's last token, the loss). It is silent when the forward
+    takes any mask or a packed layout (`attention_mask=`,
     `cu_seqlens=`, `packed_seq_params=`...; an image's `pixel_attention_mask=` is not the text's), a second
     positional argument, or a `**` splat of a dict whose keys are unknown or include a mask (a local dict built
     with constant keys is read; the function's own `**kwargs` never holds a name the function takes as a
@@ -241,6 +268,36 @@ class PaddingLeak(Rule):
               "                     pixel_attention_mask=pixel_attention_mask)\n"
               "    return out.logits\n",
               "an image mask beside the text mask", capability="C3", style="class"),
+        Valid(_RM_WORKER.format(mask="attention_mask=attention_mask, "),
+              why="the padded path hands the mask, the remove-padding path forwards the unpadded ids",
+              capability="C7", style="class"),
+        Valid("def score(reward_model, batch):\n"
+              "    input_ids = batch['input_ids']\n"
+              "    attention_mask = batch['attention_mask']\n"
+              "    values = reward_model(input_ids).logits.squeeze(-1)\n"
+              "    last = attention_mask.sum(-1) - 1\n"
+              "    return values[torch.arange(values.size(0)), last]\n",
+              "the mask only picks each row's last token: a causal model reads right-padded rows correctly "
+              "without it, and nothing here removes the padding or counts positions from the mask",
+              capability="FP", style="framework"),
+        Valid("def score(self, micro_batch):\n"
+              "    input_ids = micro_batch['input_ids']\n"
+              "    attention_mask = micro_batch['attention_mask']\n"
+              "    ids_rmpad, indices, *_ = unpad_input(input_ids.unsqueeze(-1), attention_mask)\n"
+              "    out = self.reward_model(input_ids=ids_rmpad.transpose(0, 1), position_ids=micro_batch['pos'])\n"
+              "    last = torch.argmax(attention_mask.cumsum(-1), dim=-1)\n"
+              "    return pad_input(out.logits.squeeze(0), indices, *input_ids.shape)[:, last]\n",
+              "the only forward reads the unpadded ids (a varlen path): the padding is removed, not attended",
+              capability="C7", style="class"),
+        Valid("def score(reward_model, batch, pad_id):\n"
+              "    input_ids = batch['input_ids']\n"
+              "    attention_mask = batch['attention_mask']\n"
+              "    filled = torch.where(attention_mask.bool(), input_ids, pad_id)\n"
+              "    other = reward_model(filled).logits\n"
+              "    values = reward_model(input_ids).logits.squeeze(-1)\n"
+              "    return values * attention_mask, other\n",
+              "an element-wise torch.where of the ids and the mask keeps the padded layout: no padding removed",
+              capability="FP", style="functional"),
     ]
     INVALID = [
         Invalid(_PACKED_OR_PADDED.format(mask=""), line=8,
@@ -336,6 +393,34 @@ class PaddingLeak(Rule):
                 "    return model(ids).logits\n", line=3, preview=True,
                 why="a local known as the attention mask by its name alone, built from the ids' data: preview",
                 capability="C1", style="functional"),
+        Invalid(_RM_WORKER.format(mask=""), line=17,
+                why="the remove-padding path removes these rows' padding with the mask, the padded path forwards "
+                    "them without it (the mask also picks the last token: that does not excuse it)",
+                capability="C7", style="class"),
+        Invalid("def rm_scores(reward_model, mb, flat):\n"
+                "    t = mb['input_ids']\n"
+                "    keep = mb['attention_mask']\n"
+                "    where = mb['position_ids']\n"
+                "    if flat:\n"
+                "        u, rows, *_ = unpad_input(t.unsqueeze(-1), keep)\n"
+                "        h = reward_model(input_ids=u.transpose(0, 1), attention_mask=None,\n"
+                "                         position_ids=where.flatten()[rows][None])\n"
+                "        s = pad_input(h.logits.squeeze(0), rows, *t.shape).squeeze(-1)\n"
+                "    else:\n"
+                "        s = reward_model(input_ids=t, position_ids=where).logits.squeeze(-1)\n"
+                "    end = torch.argmax(where * keep, dim=-1)\n"
+                "    return s[torch.arange(s.size(0)), end]\n", line=11,
+                why="the same worker with other local names: the batch keys and the unpad path say what they are",
+                capability="C3", style="functional"),
+        Invalid("def reward(critic, input_ids, attention_mask):\n"
+                "    position_ids = attention_mask.long().cumsum(-1) - 1\n"
+                "    position_ids.masked_fill_(attention_mask == 0, 1)\n"
+                "    values = critic(input_ids, position_ids=position_ids).logits.squeeze(-1)\n"
+                "    last = attention_mask.size(1) - 1 - attention_mask.long().fliplr().argmax(dim=1, keepdim=True)\n"
+                "    return values.gather(1, last).squeeze(1)\n", line=4,
+                why="positions counted from the mask are for rows whose padding comes first; the mask also picks "
+                    "the last token, and the forward still attends to the padding",
+                capability="C8", style="functional"),
     ]
 
     def check(self, ctx: Analysis) -> Iterator[Violation]:
@@ -364,7 +449,8 @@ class PaddingLeak(Rule):
                 uses = def_consumers(ctx, mask.d)
                 if any(u.node is call or ctx.contains(call, u.node) for u in uses):
                     continue
-                if all(_attention_use(u) or _layout_use(ctx, u, ids, call) for u in uses):
+                if all(_attention_use(u) or _layout_use(ctx, u, ids, call) for u in uses) or any(
+                        _hides_padding(ctx, u, ids, call) for u in uses):
                     violation = Violation(call, _message(ctx, call, ids, mask, uses))
                     violation.preview = mask.kind == "named"
                     yield violation
@@ -434,6 +520,40 @@ def _layout_use(ctx: Analysis, use: Use, ids, forward: cst.Call) -> bool:
         return any(same_value(ctx, arg.value, ids) or _one_path_of(ctx, arg.value, ids)
                    for arg in use.node.args if not arg.star)
     return False
+
+
+def _hides_padding(ctx: Analysis, use: Use, ids, forward: cst.Call) -> bool:
+    """A use of the mask that shows these rows' padding must not reach the model, whatever else the mask serves
+    (a last-token index, the loss): the positions this forward takes are counted from it (``mask.cumsum(-1)``:
+    positions that differ from the column index, so padding precedes the rows' tokens), or it removes the padding
+    of these ids (a call handed the ids and the mask, ``ids[mask]``) for a model forward of the function (the
+    unpadded path of an ``if``, or this forward on another path)."""
+    if use.kind == "method" and use.detail == "cumsum":
+        return any(arg.keyword is not None and arg.keyword.value in ("position_ids", "positions") and
+                   computed_from(ctx, arg.value, use.node) for arg in forward.args)
+    if use.kind == "argument" and isinstance(use.node, cst.Call):
+        # an unpadding helper (`unpad_input(ids.unsqueeze(-1), mask)`), not an element-wise tensor function
+        # (`torch.where(mask, ids, pad)` keeps the padded layout)
+        name = ctx.call_name(use.node) or ""
+        if name.startswith(("torch.", "numpy.")) and name != "torch.masked_select" or not any(
+                arg.value is not use.value and _carries(ctx, arg.value, ids) for arg in use.node.args if not arg.star):
+            return False
+    elif use.kind != "index" or not isinstance(use.node, cst.Subscript) or not _carries(ctx, use.node.value, ids):
+        return False
+    func = ctx.enclosing_function(forward)
+    for other in ctx.index.descendants(func, cst.Call) if func is not None else ():
+        fed = forward_candidate_ids(ctx, other)
+        if fed is None or other is use.node or ctx.contains(other, use.node):
+            continue
+        if computed_from(ctx, fed, use.node) and model_forward_ids(ctx, other, of_forward=True) is not None:
+            return True
+    return False
+
+
+def _carries(ctx: Analysis, expr, ids) -> bool:
+    """``expr`` is the tensor ``ids`` (reshaped or cast: ``ids.unsqueeze(-1)``), on every path that reaches it."""
+    expr = carried(ctx, expr)
+    return same_value(ctx, expr, ids) or _one_path_of(ctx, expr, ids)
 
 
 def _feeds_positions(ctx: Analysis, call: cst.Call, forward: cst.Call) -> bool:
