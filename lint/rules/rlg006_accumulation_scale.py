@@ -12,7 +12,7 @@ from rlguard.lint.analysis import Analysis, dotted_name
 from rlguard.lint.analysis import accumulation as A
 from rlguard.lint.analysis import semantics as S
 from rlguard.lint.analysis.callers import caller_loops
-from rlguard.lint.analysis.index import children, key_of, names_read
+from rlguard.lint.analysis.index import children, key_entry, key_of, names_read
 from rlguard.lint.analysis.loops import Loop, Training, training
 from rlguard.lint.analysis.roles import backward_loss, is_mask_by_use, names_along
 from rlguard.lint.analysis.signs import zero_one
@@ -143,6 +143,14 @@ class AccumulationScale(Rule):
                 r"(?i)accum|micro|\.chunk\(|\.split\(|\bmbs?\b|\bparts\b|\bn_chunks\b|num_items_in_batch")
 
     VALID = [
+        Valid("def fixed_cross_entropy(source, target, num_items_in_batch=None, ignore_index=-100):\n"
+              "    reduction = 'sum' if num_items_in_batch is not None else 'mean'\n"
+              "    loss = cross_entropy_loss(source, target, ignore_index=ignore_index)\n"
+              "    if reduction == 'sum':\n"
+              "        return loss.sum() / num_items_in_batch\n"
+              "    return loss.sum() / (target != ignore_index).sum()\n",
+              why="the name bound from the count is a mode, not the count; without the count the microbatch's own "
+                  "is right", capability="FP", style="functional"),
         Valid(_BRANCHED_LOSS.format(dapo="normalizer"), why="the branch divides by the accumulated count it binds; "
               "the other divides its microbatch mean by the accumulation steps", capability="C2", style="class"),
         Valid(_HF_LOSS.format(count="num_items_in_batch"),
@@ -888,12 +896,29 @@ def _bound_accumulated_counts(ctx: Analysis, func: cst.FunctionDef) -> list:
     for stmt in ctx.index.descendants(func, cst.Assign):
         if ctx.enclosing_function(stmt) is not func:
             continue
-        text = ctx.code(stmt.value)
-        if ACCUMULATED_COUNT not in text:
+        if ACCUMULATED_COUNT not in ctx.code(stmt.value) or not _is_accumulated_count(ctx, stmt.value):
             continue
         found += [d for d in ctx.index.stmt_defs.get(id(stmt), ()) if d.kind == "assign" and d.element is None
                   and "." not in d.key and "[" not in d.key]
     return found
+
+
+def _is_accumulated_count(ctx: Analysis, expr: cst.BaseExpression) -> bool:
+    """The value is the accumulated count itself, clamped, cast or scaled (``num_items_in_batch / world``,
+    ``inputs["num_items_in_batch"].clamp(min=1.0)``), not a value computed from whether it is given (``"sum" if
+    num_items_in_batch is not None else "mean"``)."""
+    while True:
+        if isinstance(expr, cst.Call) and ctx.method(expr) in (*CLAMPS, "float", "to", "item") and \
+                S.receiver(expr) is not None:
+            expr = S.receiver(expr)
+        elif isinstance(expr, cst.BinaryOperation) and isinstance(expr.operator, (cst.Divide, cst.Multiply)):
+            expr = expr.left
+        else:
+            break
+    if isinstance(expr, cst.Name):
+        return expr.value == ACCUMULATED_COUNT
+    key = key_of(expr)
+    return key is not None and key_entry(key) == ACCUMULATED_COUNT
 
 
 def _accumulated_count_violation(ctx: Analysis, node: cst.BinaryOperation, holder: str) -> Violation:
