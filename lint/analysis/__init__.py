@@ -66,6 +66,7 @@ class Analysis:
         self._callees: dict[int, cst.FunctionDef | None] = {}
         self._call_names: dict[int, str | None] = {}
         self._module_functions: dict[int, bool] = {}
+        self._method_summaries: dict[int, list | None] = {}
 
     # ----- structure (delegated to the index) --------------------------------------------------------------
     def nodes(self, *types: type) -> list[cst.CSTNode]:
@@ -352,6 +353,43 @@ class Analysis:
                 return found
         return None
 
+    def method_summaries(self, call: cst.Call) -> list | None:
+        """``x.m(...)`` where nothing in view says what ``x`` is (a constructor parameter kept as an attribute, an
+        object from elsewhere) and nothing resolves the call: the summaries of the linted tree's methods named
+        ``m`` (:meth:`Project.method_summaries`, a text index of the tree), or None. Not for ``self.m(...)``, a
+        function of a module, a name this module defines a method of (its own classes are judged from its code)
+        or a common name; the caller asks each definition and acts only when they all agree."""
+        if self.project is None or type(call.func) is not cst.Attribute:
+            return None
+        hit = self._method_summaries.get(id(call), _MISSING)
+        if hit is not _MISSING:
+            return hit
+        found = None
+        func = call.func
+        name = func.attr.value
+        recv = func.value
+        if not (isinstance(recv, cst.Name) and recv.value in ("self", "cls")) and \
+                name not in self._method_names() and not self.is_module_function(call) and \
+                self.callee(call) is None and not self.call_targets(call):
+            found = self.project.method_summaries(name, exclude=self.path)
+        self._method_summaries[id(call)] = found
+        return found
+
+    def element_role(self, call: cst.Call, position: int) -> tuple[str, int] | None:
+        """(what, sign) of element ``position`` of the tuple that ``call`` (a function of another file of the
+        tree) returns, when the call is unpacked into a tuple target of the arity the callee's returns have and
+        every definition the call may run agrees (:meth:`method_summaries`): ``v, lp, ent, h =
+        self.net.evaluate_actions(obs, act)`` gives ``ent`` the role the callee's code gives its third element."""
+        summary = self.summary_of_call(call)
+        candidates = [summary] if summary is not None else self.method_summaries(call)
+        if not candidates:
+            return None
+        arity = _unpacked_arity(self, call)
+        if arity is None or any(s.returns_arity != arity for s in candidates):
+            return None
+        roles = {s.element(position) for s in candidates}
+        return roles.pop() if len(roles) == 1 else None
+
     def call_targets(self, call: cst.Call) -> list[str]:
         """Qualified names ``call`` may run in other modules: an imported function (``f()``, ``mod.f()``), a method
         inherited from an imported base class (``self.m()``), a method of an instance of an imported class."""
@@ -447,6 +485,17 @@ def _default_vocabulary() -> Vocabulary:
     return _DEFAULT[0]
 _CONVENTIONAL = {"F": "torch.nn.functional", "nn": "torch.nn", "functional": "torch.nn.functional",
                  "np": "numpy", "th": "torch"}
+
+
+def _unpacked_arity(a: Analysis, call: cst.Call) -> int | None:
+    """The number of names ``a, b, c = call`` unpacks the call's value into (one tuple target, no starred one)."""
+    stmt = a.index.parent_of(call)
+    if isinstance(stmt, cst.Assign) and stmt.value is call and len(stmt.targets) == 1:
+        target = stmt.targets[0].target
+        if isinstance(target, (cst.Tuple, cst.List)) and not any(
+                isinstance(el, cst.StarredElement) for el in target.elements):
+            return len(target.elements)
+    return None
 
 
 def _in_loop_header(loop, node, index: ModuleIndex) -> bool:

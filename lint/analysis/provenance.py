@@ -625,6 +625,12 @@ class ProvenanceFacet(Facet):
                 if S.ROLLOUT_CALL.fullmatch(method or ""):
                     return frozenset({Origin(ROLLOUT, id(call), False, name=method)})
                 origins = self._forward(call, owner, frame)
+                placed = a.method_summaries(call) if method not in ("forward", "__call__") else None
+                if placed and all(s.returns_forward for s in placed) and not any(
+                        s.grad_off_for(call) or s.returns_detached or s.grad_param for s in placed):
+                    # every definition of the method in the tree is a torch module's method that runs its own
+                    # submodules with autograd left as it is: a forward of this model, as the call's context says
+                    return origins
                 if S.INFERENCE_METHOD.fullmatch(method or ""):
                     # `model.infer_logprobs(...)`: code the linter cannot read, named for inference; whether it
                     # runs with autograd cannot be told
@@ -752,6 +758,14 @@ class ProvenanceFacet(Facet):
 
     def element(self, trace, whole, position):
         return whole
+
+    def call_element(self, trace, call, position, frame):
+        """Element ``position`` of a call into another file unpacked into a tuple target: the forward's output
+        made what the callee's code makes that element (log-probs, an entropy), when its definitions agree."""
+        role = self.a.element_role(call, position)
+        if role is None or role[0] not in ("logprobs", "entropy"):
+            return None
+        return self._what(trace.value(call, frame), role[0])
 
     def iterate(self, trace, iterable, d):
         return frozenset(replace(o, kind=READ) if o.kind == PARAM else o for o in iterable)

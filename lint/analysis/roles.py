@@ -250,6 +250,8 @@ def target_role_by_use(a: "Analysis", d: Def) -> str | None:
     role = "advantages" if _reaches(a, d, _clip_weight_reads_by_key(a).get(d.key, ())) else None
     if role is None and _reaches(a, d, _clipped_ratio_olds(a).get(d.key, ())):
         role = "old_logp"
+    if role is None and critic_advantage(a, d):
+        role = "advantages"
     if role is None:
         def names_a_role(name: str) -> bool:
             return name not in TOO_GENERIC and any(a.names.is_role(name, r) for r in TARGET_ROLES)
@@ -260,6 +262,95 @@ def target_role_by_use(a: "Analysis", d: Def) -> str | None:
                 break
     found[id(d)] = role
     return role
+
+
+# Reads through which a value keeps its rows and entries (a factor of a product is still the value).
+_KEEPING = frozenset({"detach", "unsqueeze", "squeeze", "view", "reshape", "float", "to", "expand_as", "flatten",
+                      "contiguous"})
+REWARD_ROLES = ("returns", "rewards")
+
+
+def critic_advantage(a: "Analysis", d: Def) -> bool:
+    """``x = R - V``, returns or rewards (by the name of what is read: an attribute or key of another object, a
+    parameter) minus the output of a model forward (the critic's value: no log-probs, logits or entropy), read
+    as a factor of a product with the policy's log-probs (REINFORCE and A2C's ``-(A * logp)``): the advantages
+    by how they are computed and used, whatever ``x`` is called."""
+    value = d.value if d.kind == "assign" and d.element is None else None
+    if not (isinstance(value, cst.BinaryOperation) and isinstance(value.operator, cst.Subtract)):
+        return False
+    if not reward_like(a, value.left) or not critic_output(a, value.right):
+        return False
+    from rlguard.lint.analysis.uses import reads_of
+
+    return any(weighs_logprobs(a, read) for read in reads_of(a, d))
+
+
+def reward_like(a: "Analysis", expr: cst.BaseExpression) -> bool:
+    """Returns or rewards by the name of the value read (``rollouts.returns[:-1]``, ``batch["rewards"]``)."""
+    while True:
+        if isinstance(expr, cst.Subscript) and key_of(expr) is None:
+            expr = expr.value
+        elif isinstance(expr, cst.Call) and a.method(expr) in _KEEPING and S.receiver(expr) is not None:
+            expr = S.receiver(expr)
+        else:
+            break
+    key = key_of(expr)
+    if key is None:
+        return False
+    name = last_name(key)
+    return name not in TOO_GENERIC and any(a.names.is_role(name, r) for r in REWARD_ROLES) and \
+        not a.names.is_role(name, "mask")
+
+
+def critic_output(a: "Analysis", expr: cst.BaseExpression, frame=None) -> bool:
+    """A model forward's output as it came out (a value head's estimate): no log-probs, logits or entropy made of
+    it, not a reward model's or the reference's."""
+    from rlguard.lint.analysis.provenance import FORWARD, provenance
+
+    origins = provenance(a).value(expr, frame)
+    forwards = [o for o in origins if o.kind == FORWARD]
+    return bool(forwards) and len(forwards) == len(origins) and all(
+        o.what == "output" and (o.model is None or o.model.role not in ("reward", "reference")) for o in forwards)
+
+
+def weighs_logprobs(a: "Analysis", read: cst.BaseExpression) -> bool:
+    """Whether ``read`` (through detaches, casts, reshapes and row selections) is a factor of a product with the
+    log-probs of a model forward (by their computation)."""
+    from rlguard.lint.analysis.provenance import FORWARD, provenance
+    from rlguard.lint.analysis.signs import factors
+
+    expr = read
+    index = a.index
+    while True:
+        parent = index.parent_of(expr)
+        if isinstance(parent, cst.Subscript) and parent.value is expr:
+            expr = parent
+            continue
+        if isinstance(parent, cst.Attribute) and parent.value is expr:
+            call = index.parent_of(parent)
+            if isinstance(call, cst.Call) and call.func is parent and parent.attr.value in _KEEPING:
+                expr = call
+                continue
+        break
+    top = expr
+    while True:
+        parent = index.parent_of(top)
+        if isinstance(parent, cst.BinaryOperation) and isinstance(parent.operator, cst.Multiply):
+            top = parent
+            continue
+        break
+    if top is expr:
+        return False
+    _, facs = factors(top)
+    if not any(f is expr for f in facs):
+        return False
+    for f in facs:
+        if f is expr:
+            continue
+        forwards = [o for o in provenance(a).value(f) if o.kind == FORWARD]
+        if forwards and all(o.what == "logprobs" for o in forwards):
+            return True
+    return False
 
 
 def interface_names(a: "Analysis", d: Def, wanted=None) -> list[str]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -27,7 +28,31 @@ from rlguard.lint.analysis.index import dotted_name, params_of
 if TYPE_CHECKING:
     from rlguard.lint.analysis import Analysis
 
-VERSION = 4
+VERSION = 5
+
+# Methods too common to be placed by their name alone (many classes of a tree define them, and library objects have
+# them too): a call of one whose receiver's class is unknown is not matched to a definition of the tree.
+COMMON_METHODS = frozenset({
+    "forward", "step", "update", "get", "set", "put", "pop", "add", "run", "call", "apply", "train", "eval",
+    "evaluate", "act", "sample", "predict", "compute", "compute_loss", "loss", "backward", "reset", "load", "save",
+    "build", "setup", "init", "process", "collect", "rollout", "score", "generate", "entropy", "log_prob",
+    "log_probs", "mode", "mean", "sum", "item", "items", "keys", "values", "copy", "clone", "to", "cuda", "cpu",
+    "float", "half", "view", "reshape", "append", "extend", "insert", "remove", "clear", "close", "open", "read",
+    "write", "start", "stop", "main", "encode", "decode", "format", "parse", "transform", "fit", "infer", "inference",
+    "state_dict", "load_state_dict", "parameters", "named_parameters", "zero_grad", "log", "info", "debug",
+    "prepare", "wrap", "unwrap", "batch", "next", "send", "recv", "wait", "sync", "gather", "scatter", "reduce",
+    # tensor methods that return tuples (`a, b = x.split(n)`, `v, i = x.topk(k)`)
+    "split", "tensor_split", "chunk", "unbind", "topk", "max", "min", "sort", "kthvalue", "median", "aminmax",
+    "svd", "qr", "eig", "eigh", "slogdet", "lstsq", "unique", "unique_consecutive", "frexp", "histogram",
+    "std_mean", "var_mean", "cummax", "cummin", "nanmedian", "size", "shape", "dim", "numel", "tolist", "numpy",
+    "astype", "type", "to_dict",
+}) | frozenset(name for kind in (str, bytes, list, tuple, dict, set) for name in dir(kind))  # builtins' methods
+# A method defined in more files than this is not placed by its name (the index never summarises many files).
+MAX_DEFINING_FILES = 4
+# A tree with more Python files than this is not indexed (the text scan would cost more than it could give).
+MAX_INDEXED_FILES = 20000
+_DEF = re.compile(rb"^[ \t]+(?:async[ \t]+)?def[ \t]+(\w+)[ \t]*\(", re.M)
+_SKIPPED_DIRS = frozenset({"__pycache__", "node_modules", "site-packages", ".git", ".venv", "venv", ".tox"})
 
 
 @dataclass
@@ -53,6 +78,17 @@ class FunctionSummary:
     # positions (-1: the whole value, else a tuple element) of a module it builds by a class constructor and loads
     # weights into, returned without a mode set (a new module starts in train mode)
     returns_module: list[int] = field(default_factory=list)
+    # every return is a tuple of this many elements (no starred one): what the elements below are positions of
+    returns_arity: int | None = None
+    # (position, what, sign) for tuple elements every return agrees on, read from the code: "entropy" (with that
+    # sign: `dist.entropy().mean()`, a written-out formula), "logprobs" (sign 1: a log-softmax of a forward, a
+    # distribution's `log_prob(a)`); `value, logp, ent, h = f(...)` then gives each name its role in the caller
+    returns_elements: list[tuple[int, str, int]] = field(default_factory=list)
+    # its body only raises, passes or has a docstring (an abstract method that its subclasses implement)
+    abstract: bool = False
+    # a method of a torch module class that calls one of the module's own submodules (`self.base(x)`): what it
+    # returns is a forward of the module it is called on, with autograd as at the call
+    returns_forward: bool = False
 
     def returned_argument(self) -> tuple[int | None, str] | None:
         if self.returns_param is None:
@@ -84,7 +120,15 @@ class FunctionSummary:
         for key in ("grad_param", "returns_param", "returns_keeps"):
             if data.get(key) is not None:
                 data[key] = tuple(data[key])
+        data["returns_elements"] = [tuple(e) for e in data.get("returns_elements", ())]
         return cls(**data)
+
+    def element(self, position: int) -> tuple[str, int] | None:
+        """(what, sign) of tuple element ``position`` of what it returns, when its code says."""
+        for pos, what, sign in self.returns_elements:
+            if pos == position:
+                return what, sign
+        return None
 
 
 class Project:
@@ -100,6 +144,8 @@ class Project:
         self._modules: dict[str, Path | None] = {}
         # module -> (path, content hash): a file is read and hashed once per run, not at every call into it
         self._seen: dict[str, tuple[str, str | None]] = {}
+        self._method_files: dict[str, list[str]] | None = None  # method name -> files that define it (text scan)
+        self._by_path: dict[str, tuple[str, str | None]] = {}  # file -> (module, content hash)
 
     def begin_file(self) -> None:
         self.consulted = {}
@@ -155,8 +201,79 @@ class Project:
             _STORE[digest] = _summarise_source(text, str(path), module, self.vocabulary)
         return str(path), digest
 
+    # ----- the method index: calls of a method on an object whose class nothing in view says ----------------
+    def method_summaries(self, name: str, exclude: str | None = None) -> list[FunctionSummary] | None:
+        """The summaries of every method ``name`` of a module-level class of the linted tree (``x.m(...)`` where
+        nothing says what ``x`` is: a constructor parameter, an attribute set elsewhere), found by a text scan of
+        the tree's files for ``def name(`` (once per process), then by summarising the few files that define it.
+        None when the name is too common to place (:data:`COMMON_METHODS`, a dunder), defined in too many files,
+        or nowhere; abstract definitions (a body that only raises) are left out. ``exclude``: the linted file (its
+        own classes are judged from its code). The caller decides whether the definitions agree on what it asks."""
+        if name in COMMON_METHODS or name.startswith("__") or not self.roots:
+            return None
+        files = self._method_index().get(name)
+        if exclude is not None:
+            skip = os.path.abspath(exclude)
+            files = [f for f in files or () if f != skip]
+        if not files or len(files) > MAX_DEFINING_FILES:
+            return None
+        found = []
+        for path in files:
+            module, digest = self._load_path(path)
+            if digest is None:
+                return None
+            summaries = _STORE.get(digest) or {}
+            self.consulted[path] = digest
+            prefix = f"{module}."
+            for qual, summary in summaries.items():
+                rest = qual[len(prefix):] if qual.startswith(prefix) else ""
+                if rest.count(".") == 1 and rest.endswith(f".{name}") and not summary.abstract:
+                    found.append(summary)
+        return found or None
+
+    def _method_index(self) -> dict[str, list[str]]:
+        if self._method_files is None:
+            self._method_files = _scan_methods(self.roots)
+        return self._method_files
+
+    def _load_path(self, path: str) -> tuple[str, str | None]:
+        seen = self._by_path.get(path)
+        if seen is None:
+            module = module_name_for(Path(path))[0]
+            seen = self._by_path[path] = (module, self._read(module, Path(path))[1])
+        return seen
+
     def record(self, text: str, summaries: dict[str, FunctionSummary]) -> None:
         _STORE[content_hash(text)] = summaries
+
+
+def _scan_methods(roots: list[Path]) -> dict[str, list[str]]:
+    """Method name -> the files under ``roots`` with an indented ``def name(`` (a method, or a nested function),
+    by a text scan: no file is parsed here. Empty when the tree has too many files."""
+    index: dict[str, list[str]] = {}
+    seen: set[str] = set()
+    count = 0
+    for root in roots:
+        for folder, dirs, names in os.walk(root):
+            dirs[:] = [d for d in dirs if d not in _SKIPPED_DIRS and not d.startswith(".")]
+            for file_name in names:
+                if not file_name.endswith(".py"):
+                    continue
+                path = os.path.abspath(os.path.join(folder, file_name))
+                if path in seen:
+                    continue
+                seen.add(path)
+                count += 1
+                if count > MAX_INDEXED_FILES:
+                    return {}
+                try:
+                    with open(path, "rb") as handle:
+                        data = handle.read()
+                except OSError:
+                    continue
+                for name in {m.group(1) for m in _DEF.finditer(data)}:
+                    index.setdefault(name.decode("ascii", "replace"), []).append(path)
+    return index
 
 
 def content_hash(text: str) -> str:
@@ -255,6 +372,10 @@ def summarise(a: "Analysis", func: cst.FunctionDef, qualname: str) -> FunctionSu
         summary.returns_signed = _returns_signed(a, returns)
         summary.returns_keeps = _returns_keeps(a, func, returns, positional)
         summary.returns_module = _returns_module(a, returns)
+        summary.returns_arity, summary.returns_elements = _returns_elements(a, returns)
+        summary.returns_forward = info.cls is not None and _runs_submodule(a, func, info.cls)
+    elif _abstract(func):
+        summary.abstract = True
     for call in a.index.descendants(func, cst.Call):
         if a.index.function_scope(call).node is not func:
             continue
@@ -268,6 +389,111 @@ def summarise(a: "Analysis", func: cst.FunctionDef, qualname: str) -> FunctionSu
         elif method == "step" and target:
             summary.steps.append(target)
     return summary
+
+
+def _torch_module(a: "Analysis", cls: cst.ClassDef, depth: int = 3) -> bool:
+    """A class deriving from ``nn.Module`` (through classes of the same module)."""
+    for base in cls.bases:
+        name = dotted_name(base.value) or ""
+        if name.rsplit(".", 1)[-1] == "Module":
+            return True
+        inner = a.class_named(name) if depth > 0 and "." not in name else None
+        if inner is not None and inner is not cls and _torch_module(a, inner, depth - 1):
+            return True
+    return False
+
+
+def _runs_submodule(a: "Analysis", func: cst.FunctionDef, cls: cst.ClassDef) -> bool:
+    """A method of a torch module that calls one of its submodules (``self.base(x)``: an attribute of ``self``
+    that is no method of the class) or itself (``self(x)``, ``self.forward(x)``)."""
+    if not _torch_module(a, cls):
+        return False
+    for call in a.index.descendants(func, cst.Call):
+        target = call.func
+        if isinstance(target, cst.Name) and target.value == "self":
+            return True
+        if isinstance(target, cst.Attribute) and isinstance(target.value, cst.Name) and target.value.value == "self":
+            name = target.attr.value
+            if name == "forward" or (a.method_of(cls, name) is None and name not in S.NON_FORWARD_METHODS):
+                return True
+    return False
+
+
+def _abstract(func: cst.FunctionDef) -> bool:
+    """A body of only a docstring, ``pass``, ``...`` or ``raise`` (``raise NotImplementedError``)."""
+    body = func.body.body if isinstance(func.body, cst.IndentedBlock) else [func.body]
+    for stmt in body:
+        smalls = stmt.body if isinstance(stmt, (cst.SimpleStatementLine, cst.SimpleStatementSuite)) else None
+        if smalls is None:
+            return False
+        for small in smalls:
+            if isinstance(small, (cst.Pass, cst.Raise)):
+                continue
+            if isinstance(small, cst.Expr) and isinstance(small.value, (cst.SimpleString, cst.ConcatenatedString,
+                                                                         cst.Ellipsis)):
+                continue
+            return False
+    return True
+
+
+def _returns_elements(a: "Analysis", returns: list) -> tuple[int | None, list[tuple[int, str, int]]]:
+    """The arity every return's tuple has, and the roles of the elements all returns agree on (read from the code:
+    the quantities facet for an entropy, the provenance facet or a distribution's ``log_prob`` for log-probs)."""
+    values = [r.value for r in returns]
+    if not all(isinstance(v, cst.Tuple) for v in values):
+        return None, []
+    arity = len(values[0].elements)
+    if any(len(v.elements) != arity or any(isinstance(el, cst.StarredElement) for el in v.elements)
+           for v in values):
+        return None, []
+    from rlguard.lint.analysis.provenance import FORWARD, provenance
+    from rlguard.lint.analysis.terms import quantities
+
+    out: list[tuple[int, str, int]] = []
+    for position in range(arity):
+        elements = [v.elements[position].value for v in values]
+        texts = [a.code(el).lower() for el in elements]
+        if all(_logprob_call(a, el) for el in elements) or all(
+                (found := [o for o in provenance(a).value(el) if o.kind == FORWARD]) and
+                all(o.what == "logprobs" for o in found) for el in elements):
+            out.append((position, "logprobs", 1))
+            continue
+        if not all(("entrop" in t or "log" in t or _single_definition(a, el) is not None) for t, el in
+                   zip(texts, elements)):
+            continue  # cheap: an entropy needs an entropy call or a log, here or in the one value a name holds
+        signs_ = {quantities(a).sign("entropy", el, None) for el in elements}
+        if len(signs_) == 1 and None not in signs_:
+            out.append((position, "entropy", signs_.pop()))
+    return arity, out
+
+
+def _single_definition(a: "Analysis", expr: cst.BaseExpression) -> cst.BaseExpression | None:
+    if not isinstance(expr, cst.Name):
+        return None
+    defs = a.flow.reaching(expr.value, expr)
+    if len(defs) != 1 or defs[0].kind != "assign" or defs[0].element is not None or defs[0].value is None:
+        return None
+    return defs[0].value
+
+
+def _logprob_call(a: "Analysis", expr: cst.BaseExpression, depth: int = 4) -> bool:
+    """A distribution's log-probability of its argument (``dist.log_prob(a)``, ``dist.log_probs(a)``), through
+    names bound once and shape-keeping methods."""
+    for _ in range(depth):
+        inner = _single_definition(a, expr)
+        if inner is not None:
+            expr = inner
+            continue
+        if not isinstance(expr, cst.Call):
+            return False
+        method = a.method(expr)
+        if method in ("log_prob", "log_probs") and len(expr.args) == 1 and expr.args[0].keyword is None:
+            return True
+        if method in S.SAME_VALUE_METHODS or method in ("sum", "mean"):
+            expr = S.receiver(expr)
+            continue
+        return False
+    return False
 
 
 def _returns_module(a: "Analysis", returns: list) -> list[int]:

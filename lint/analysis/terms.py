@@ -125,7 +125,9 @@ class Quantities:
         tuple of that length or the helper is out of view."""
         func = self.a.callee(call)
         if func is None:
-            return None
+            # a function of another file: the role its code gives that element, when every definition agrees
+            role = self.a.element_role(call, element)
+            return role[1] if role is not None and role[0] == kind else None
         inner = self.signs._frame(func, call, frame)
         if inner is None:
             return None
@@ -603,8 +605,9 @@ class Quantities:
         if name is not None and self.a.names.is_role(name, "logp"):
             return True
         forwards = [o for o in self.prov.value(expr, frame) if o.kind == FORWARD]
-        return bool(forwards) and all(o.what == "logprobs" and (o.model is None or o.model.role in ("policy", "model"))
-                                      for o in forwards)
+        # a model named a critic that computes log-probs of actions is an actor-critic (`actor_critic`): the policy
+        return bool(forwards) and all(o.what == "logprobs" and (o.model is None or o.model.role in (
+            "policy", "model", "critic")) for o in forwards)
 
     def _stored_here(self, entry: str) -> bool:
         """Whether a function of this module stores a value under the string key ``entry``."""

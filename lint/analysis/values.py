@@ -96,6 +96,11 @@ class Facet(Generic[V]):
         """Element ``position`` of a value unpacked into a tuple target (the value's expression unknown)."""
         return self.unknown
 
+    def call_element(self, trace: "Trace", call: cst.Call, position: int, frame: Frame | None) -> V | None:
+        """Element ``position`` of what a call the walk cannot enter returns (a function of another file), when the
+        facet knows it from the callee's summary; None: :meth:`element` of the whole value."""
+        return None
+
     def iterate(self, trace: "Trace", iterable: V, d: Def) -> V:
         """The target of ``for x in <iterable>`` (or a comprehension)."""
         return self.unknown
@@ -284,6 +289,10 @@ class Trace(Generic[V]):
                     returns = [r.value for r in self.a.index.scopes[id(func)].returns if r.value is not None]
                     picked = [self.element_of(r, position, inner) for r in returns]
                     return self.facet.join(picked) if picked else self.facet.unknown
+            else:
+                placed = self.facet.call_element(self, value, position, frame)
+                if placed is not None:
+                    return placed
         if isinstance(value, (cst.Name, cst.Attribute)):
             key = key_of(value)
             defs = self.a.flow.reaching(key, value) if key else []

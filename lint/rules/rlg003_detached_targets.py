@@ -9,6 +9,7 @@ import libcst as cst
 
 from rlguard.catalog import DETACHED_TARGETS
 from rlguard.lint.analysis import Analysis, dotted_name
+from rlguard.lint.analysis import semantics as S
 from rlguard.lint.analysis.index import Def
 from rlguard.lint.analysis.provenance import forwards_of_def, models
 from rlguard.lint.analysis.semantics import CROSS_ENTROPY, GATHER, LOG_SOFTMAX, LOGPROB_HELPER
@@ -110,6 +111,20 @@ _UNWRAPPED_CRITIC = (
 )
 
 
+# an A2C update: the advantages are returns minus the critic's values, squared into the critic's own loss and
+# weighing the log-probs of the policy loss ({detach}: how that second use reads them)
+_A2C_RESIDUAL = (
+    "def update(policy, critic, opt, obs, acts, batch):\n"
+    "    lp = policy(obs).log_softmax(-1).gather(-1, acts[:, None]).squeeze(-1)\n"
+    "    q = batch[\"returns\"] - critic(obs).squeeze(-1)\n"
+    "    vl = q.pow(2).mean()\n"
+    "    pl = -(q{detach} * lp).mean()\n"
+    "    opt.zero_grad()\n"
+    "    (vl + pl).backward()\n"
+    "    opt.step()\n"
+)
+
+
 class DetachedTargets(Rule):
     """
     ## What it flags
@@ -126,7 +141,10 @@ class DetachedTargets(Rule):
     trains (`ref = copy.deepcopy(model)` beside `Adam(model.parameters())`) that is not trained itself. A value is
     the old log-probs by use when it is the `y` of `exp(cur - y)` and that ratio is clamped in a PPO clip (a bare
     `exp(ref - logp)` is the k3 KL estimate, no ratio). A target detached at every use (`exp(logp - old.detach())`,
-    itself or through the row selections made of it) is not reported.
+    itself or through the row selections made of it) is not reported. Returns or rewards minus a model's output
+    (the critic's values, also a tuple element that a method of another file of the tree returns) that weigh the
+    policy's log-probs in a product are the advantages by their computation and use; their use squared into the
+    critic's own loss (`advantages.pow(2).mean()`, A2C) is not a use as a target.
 
     ## Why it is wrong
     These tensors are *targets*: constants of the loss. With grad on, the gradient also flows through them:
@@ -153,7 +171,8 @@ class DetachedTargets(Rule):
     `--fix` appends `.detach()` to the assigned value (`old_logp = compute_logp(policy, ids).detach()`,
     `advantages = (returns - values).detach()`): the value is unchanged, only the gradient stops. Targets
     bound by tuple unpacking (`_, old_logp, _, value = agent.get_action_and_value(obs)`) are reported without
-    a fix: wrap the computation in `with torch.no_grad():` instead.
+    a fix: wrap the computation in `with torch.no_grad():` instead. Advantages also squared into the critic's loss
+    (A2C's `advantages.pow(2).mean()`) are reported without a fix too: detach them where they weigh the log-probs.
 
     ## Options
     `[tool.rlguard.names]` `old_logp`, `ref_logp`, `advantages`, `returns`, `policy`, `ref_model` add your own
@@ -182,6 +201,9 @@ class DetachedTargets(Rule):
                      "reference is a deep copy of the trained model built in the module, never frozen and never "
                      "handed to code out of view)")
     VALID = [
+        Valid(_A2C_RESIDUAL.format(detach=".detach()"),
+              why="A2C: the residual squared into the critic's loss is meant to train it; the policy loss reads it "
+                  "detached", capability="C2", style="functional"),
         Valid("def sft_anchor(model, ref_model, ids, labels, beta):\n"
               "    with torch.no_grad():\n"
               "        a = ref_model(ids).logits[:, :-1]\n"
@@ -389,6 +411,9 @@ class DetachedTargets(Rule):
               "advantages accumulated in a list from detached values", capability="C1", style="functional"),
     ]
     INVALID = [
+        Invalid(_A2C_RESIDUAL.format(detach=""), line=3,
+                why="returns minus the critic's values (the advantages by their computation) weigh the policy's "
+                    "log-probs undetached: the policy loss trains the critic", capability="C2", style="functional"),
         Invalid("def sft_anchor(model, ref_model, ids, labels, beta):\n"
                 "    a = ref_model(ids).logits[:, :-1]\n"
                 "    b = -F.cross_entropy(a.transpose(1, 2), labels, reduction=\"none\").sum(-1)\n"
@@ -566,7 +591,14 @@ class DetachedTargets(Rule):
             name = ctx.code(element)
             message = (f"{WHAT[role]} `{name}` are computed with autograd on, so gradient flows through a "
                        "target; compute them under `torch.no_grad()` or add `.detach()`")
-            fix = [] if unpacked else [(stmt.value, _detached(stmt.value))]
+            # no rewrite when the value is also squared into the critic's loss (A2C's `advantages.pow(2)`): detaching
+            # it there would stop the critic's training; the use as a target is what needs the `.detach()`
+            squared = _squared_somewhere(ctx, d)
+            if squared and role == "advantages":
+                message = (f"{WHAT[role]} `{name}` are computed with autograd on and used as a target undetached, so "
+                           "the policy loss trains the critic; keep them live for the critic's squared loss, and "
+                           "read them with `.detach()` where they weigh the log-probs")
+            fix = [] if unpacked or squared else [(stmt.value, _detached(stmt.value))]
             # stable when the value's use shows it is a target (a ratio's old side, a clip weight, an interface
             # that names the role); a role that rests on the variable's name alone is a preview finding
             assumed = all(o.assumed for o in live)  # only methods out of view: they may run under no_grad
@@ -621,6 +653,8 @@ def _detached_at_every_use(ctx: Analysis, d: Def, depth: int = 2) -> bool:
         call = ctx.index.parent_of(parent) if isinstance(parent, cst.Attribute) and parent.value is read else None
         if isinstance(call, cst.Call) and call.func is parent and parent.attr.value in ("detach", "detach_"):
             continue
+        if _squared_residual(ctx, read, parent, call):
+            continue  # `adv.pow(2).mean()`: the critic's own regression loss on the residual, no target use
         value = parent if isinstance(parent, cst.Subscript) and parent.value is read else read
         copies = [b for b in ctx.index.stmt_defs.get(id(ctx.index.statement_of(value)), ())
                   if b.kind == "assign" and b.value is value]
@@ -628,6 +662,32 @@ def _detached_at_every_use(ctx: Analysis, d: Def, depth: int = 2) -> bool:
             continue
         return False
     return True
+
+
+def _squared_somewhere(ctx: Analysis, d: Def) -> bool:
+    """Whether some read of the value ``d`` binds is squared as a regression residual."""
+    for read in reads_of(ctx, d):
+        parent = ctx.index.parent_of(read)
+        call = ctx.index.parent_of(parent) if isinstance(parent, cst.Attribute) and parent.value is read else None
+        if _squared_residual(ctx, read, parent, call):
+            return True
+    return False
+
+
+def _squared_residual(ctx: Analysis, read, parent, call) -> bool:
+    """``x.pow(2)``, ``x ** 2``, ``x.square()``, ``torch.square(x)``: the read is squared as a regression
+    residual; A2C's ``advantages.pow(2).mean()`` is the critic's loss, whose gradient into the critic is meant."""
+    if isinstance(call, cst.Call) and call.func is parent:
+        method = parent.attr.value
+        if method == "square" and not call.args:
+            return True
+        return method == "pow" and len(call.args) == 1 and S.number_value(call.args[0].value) == 2
+    if isinstance(parent, cst.BinaryOperation) and isinstance(parent.operator, cst.Power) and parent.left is read:
+        return S.number_value(parent.right) == 2
+    if isinstance(parent, cst.Arg):
+        outer = ctx.index.parent_of(parent)
+        return isinstance(outer, cst.Call) and ctx.call_name(outer) == "torch.square" and len(outer.args) == 1
+    return False
 
 
 def _computes_logprobs(ctx: Analysis, stmt: cst.CSTNode) -> bool:

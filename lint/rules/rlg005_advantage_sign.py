@@ -13,7 +13,7 @@ from rlguard.lint.analysis import Analysis
 from rlguard.lint.analysis import semantics as S
 from rlguard.lint.analysis.index import key_of, last_name
 from rlguard.lint.analysis.losses import losses, start, top_terms
-from rlguard.lint.analysis.roles import is_clip_weight, ratio_terms
+from rlguard.lint.analysis.roles import critic_output, is_clip_weight, ratio_terms
 from rlguard.lint.analysis.signs import factors, min_max_kind, signs
 from rlguard.lint.analysis.terms import quantities
 from rlguard.lint.rule import Invalid, Rule, Valid, Violation
@@ -96,6 +96,15 @@ class AdvantageSign(Rule):
 
     PREVIEW_PARTS = ("a loss known only by the name of the local variable that holds it (`loss = ...` with no backward, loss function or optimising caller in view)",)
     VALID = [
+        Valid("def update(policy, critic, opt, obs, acts, batch):\n"
+              "    lp = policy(obs).log_softmax(-1).gather(-1, acts[:, None]).squeeze(-1)\n"
+              "    q = batch[\"returns\"] - critic(obs).squeeze(-1)\n"
+              "    pl = -(q.detach() * lp).mean()\n"
+              "    opt.zero_grad()\n"
+              "    (q.pow(2).mean() + pl).backward()\n"
+              "    opt.step()\n",
+              why="A2C: returns minus the critic's values weigh the log-probs, negated", capability="C2",
+              style="functional"),
         Valid("ratio = torch.exp(logp - old_logp)\n"
               "pg_loss = -torch.min(ratio * adv, torch.clamp(ratio, 0.8, 1.2) * adv).mean()\n",
               "PPO clip: minus the min of the surrogates"),
@@ -187,6 +196,16 @@ class AdvantageSign(Rule):
               capability="C2", style="script"),
     ]
     INVALID = [
+        Invalid("def update(policy, critic, opt, obs, acts, batch):\n"
+                "    lp = policy(obs).log_softmax(-1).gather(-1, acts[:, None]).squeeze(-1)\n"
+                "    q = batch[\"returns\"] - critic(obs).squeeze(-1)\n"
+                "    pl = (q.detach() * lp).mean()\n"
+                "    opt.zero_grad()\n"
+                "    (q.pow(2).mean() + pl).backward()\n"
+                "    opt.step()\n", line=4,
+                why="returns minus a model's output (the critic's baseline) are advantages by their computation, and "
+                    "the log-probs are the policy's by theirs: the surrogate enters the minimised loss with a + sign",
+                capability="C2", style="functional"),
         Invalid("def group_advantages(rewards, group_size):\n"
                 "    advantages = (rewards - rewards.mean()) / rewards.std()\n"
                 "    advantages = -advantages\n    return advantages\n", line=3, why="negated advantages", preview=True),
@@ -373,6 +392,12 @@ class _Surrogates:
             return self.weight_sign(S.receiver(expr), frame)
         if isinstance(expr, cst.Subscript) and key_of(expr) is None:
             return self.weight_sign(expr.value, frame)
+        if isinstance(expr, cst.BinaryOperation) and isinstance(expr.operator, cst.Subtract) and depth > 0:
+            # `returns - values`, the value a model forward outputs (a critic) as the baseline: advantages by their
+            # computation, with the sign of the returns
+            inner = self.weight_sign(expr.left, frame, depth - 1)
+            if inner is not None and critic_output(self.ctx, expr.right, frame):
+                return inner
         if name is not None and is_clip_weight(self.ctx, expr) and not self.is_ratio(expr, frame):
             return 1  # weighs both sides of a PPO clip: the advantages by their use, whatever the name
         if depth <= 0:
