@@ -865,6 +865,10 @@ def _ignores_accumulated_count(ctx: Analysis) -> Iterator[Violation]:
     by the handed count nowhere): the trainer sums the microbatch means it returns. Or, in one branch of a loss
     function, the accumulated count is bound (``normalizer = inputs["num_items_in_batch"] / world``) and still
     unused where the returned loss is divided by the microbatch's own count."""
+    if not ctx.facet("mentions_accumulated_count", lambda an: any(
+            n.value == ACCUMULATED_COUNT for n in an.nodes(cst.Name)) or any(
+            ACCUMULATED_COUNT in n.value for n in an.nodes(cst.SimpleString))):
+        return  # cheap: neither the name nor the key occurs in the module
     for func in ctx.nodes(cst.FunctionDef):
         params = {p.name.value for p in (*func.params.params, *func.params.kwonly_params)}
         handed = ACCUMULATED_COUNT in params
@@ -896,7 +900,7 @@ def _bound_accumulated_counts(ctx: Analysis, func: cst.FunctionDef) -> list:
     for stmt in ctx.index.descendants(func, cst.Assign):
         if ctx.enclosing_function(stmt) is not func:
             continue
-        if ACCUMULATED_COUNT not in ctx.code(stmt.value) or not _is_accumulated_count(ctx, stmt.value):
+        if not _is_accumulated_count(ctx, stmt.value):
             continue
         found += [d for d in ctx.index.stmt_defs.get(id(stmt), ()) if d.kind == "assign" and d.element is None
                   and "." not in d.key and "[" not in d.key]
