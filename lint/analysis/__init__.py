@@ -87,6 +87,16 @@ class Analysis:
     def code(self, node: cst.CSTNode) -> str:
         return self.module.code_for_node(node)
 
+    def sole_value(self, expr: cst.BaseExpression) -> cst.BaseExpression | None:
+        """The value a name holds when one plain assignment (no tuple target) is the only definition reaching it;
+        None for anything else (a parameter, several definitions, an element of an unpacked value)."""
+        if not isinstance(expr, cst.Name):
+            return None
+        defs = self.flow.reaching(expr.value, expr)
+        if len(defs) != 1 or defs[0].kind != "assign" or defs[0].element is not None:
+            return None
+        return defs[0].value
+
     def enclosing_loops(self, node: cst.CSTNode) -> list[cst.For | cst.While]:
         """Loops around ``node`` inside its function, innermost first."""
         loops = []

@@ -458,7 +458,7 @@ def _returns_elements(a: "Analysis", returns: list) -> tuple[int | None, list[tu
                 all(o.what == "logprobs" for o in found) for el in elements):
             out.append((position, "logprobs", 1))
             continue
-        if not all(("entrop" in t or "log" in t or _single_definition(a, el) is not None) for t, el in
+        if not all(("entrop" in t or "log" in t or a.sole_value(el) is not None) for t, el in
                    zip(texts, elements)):
             continue  # cheap: an entropy needs an entropy call or a log, here or in the one value a name holds
         signs_ = {quantities(a).sign("entropy", el, None) for el in elements}
@@ -467,20 +467,11 @@ def _returns_elements(a: "Analysis", returns: list) -> tuple[int | None, list[tu
     return arity, out
 
 
-def _single_definition(a: "Analysis", expr: cst.BaseExpression) -> cst.BaseExpression | None:
-    if not isinstance(expr, cst.Name):
-        return None
-    defs = a.flow.reaching(expr.value, expr)
-    if len(defs) != 1 or defs[0].kind != "assign" or defs[0].element is not None or defs[0].value is None:
-        return None
-    return defs[0].value
-
-
 def _logprob_call(a: "Analysis", expr: cst.BaseExpression, depth: int = 4) -> bool:
     """A distribution's log-probability of its argument (``dist.log_prob(a)``, ``dist.log_probs(a)``), through
     names bound once and shape-keeping methods."""
     for _ in range(depth):
-        inner = _single_definition(a, expr)
+        inner = a.sole_value(expr)
         if inner is not None:
             expr = inner
             continue

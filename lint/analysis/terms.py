@@ -394,10 +394,9 @@ class Quantities:
                     continue
                 return False
             if isinstance(expr, cst.Name):
-                defs = self.a.flow.reaching(expr.value, expr)
-                if len(defs) != 1 or defs[0].kind != "assign" or defs[0].element is not None or defs[0].value is None:
+                expr = self.a.sole_value(expr)
+                if expr is None:
                     return False
-                expr = defs[0].value
                 continue
             return self._sampled_estimate(expr)
         return False
@@ -406,10 +405,7 @@ class Quantities:
         """``d`` of ``torch.exp(d)`` or ``d.exp()``, or of the exponential a name is bound to by its one reaching
         definition."""
         if isinstance(term, cst.Name):
-            defs = self.a.flow.reaching(term.value, term)
-            if len(defs) != 1 or defs[0].kind != "assign" or defs[0].element is not None or defs[0].value is None:
-                return None
-            term = defs[0].value
+            term = self.a.sole_value(term)
         if not isinstance(term, cst.Call):
             return None
         if self.a.call_name(term) == "torch.exp" and len(term.args) == 1:
