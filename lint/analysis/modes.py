@@ -405,6 +405,9 @@ class TrainModeScore:
     site: cst.Call
     forward: cst.Call
     train: cst.Call
+    # the module also sets other modes, but every function that does leaves the model in train mode (an evaluation
+    # pass that ends with `self.actor.train()  # reset model state`) and none is set for this forward
+    resting: bool = False
 
 
 _EVAL_CALL = re.compile(r"(?i)\w*(eval|inference|freeze|mode)\w*")
@@ -459,13 +462,19 @@ def train_mode_scores(a: "Analysis") -> list[TrainModeScore]:
                 continue
             keys = _ids(an, target)
             train = next((trains[k] for k in sorted(keys) if k in trains), None)
-            if train is None or keys & others or _owners(an, target) & others or \
-                    _trained_just_before(an, keys, trains, site, call):
+            if train is None or _trained_just_before(an, keys, trains, site, call):
                 continue
+            owners = _owners(an, target)
+            resting = None
+            if keys & others or owners & others:
+                resting = _resting_in_train(an, keys | owners, site)
+                if resting is None:
+                    continue
+                train = resting
             if _mode_free_class(an, models(an).roots(target)) or _hands_to_mode_setter(an, keys):
                 continue
             seen.add(id(site))
-            found.append(TrainModeScore(dotted_name(target) or "model", site, call, train))
+            found.append(TrainModeScore(dotted_name(target) or "model", site, call, train, resting is not None))
         return found
     return a.facet("train_mode_scores", build)
 
@@ -511,6 +520,41 @@ def _trained_just_before(a: "Analysis", keys: frozenset, trains: dict, site: cst
                     S.receiver(call) is not None and _ids(a, S.receiver(call)) & keys:
                 return True
     return False
+
+
+def _resting_in_train(a: "Analysis", keys: frozenset, site: cst.Call) -> cst.Call | None:
+    """For a model the module puts in eval mode somewhere: a ``.train()`` call after which it rests in train mode,
+    when that is where every function leaves it and nothing sets its mode for the forward at ``site``. Every function
+    that sets a mode on the model ends in train mode (its last mode call is ``.train()``: an evaluation pass that
+    puts it back, `self.actor.train()  # reset model state`), so between calls the model is in train mode; the
+    function that scores sets no mode before the forward, nor does a caller in view before it calls that function.
+    Every call after the first update then scores with dropout on. None otherwise (a function that leaves the model
+    in eval mode makes its mode at the forward depend on the order of calls)."""
+    func = a.enclosing_function(site)
+    if func is None:
+        return None
+    order = a.index.order
+    by_function: dict[int, list[cst.Call]] = {}
+    for call in a.nodes(cst.Call):
+        method = S.method_name(call)
+        recv = S.receiver(call)
+        if method is None or recv is None or not MODE_METHOD.fullmatch(method):
+            continue
+        if (_ids(a, recv) | _instance(a, recv)) & keys:
+            by_function.setdefault(id(a.enclosing_function(call)), []).append(call)
+    resting = None
+    for calls in by_function.values():
+        last = max(calls, key=lambda c: order[id(c)])
+        if not _sets_train(last):
+            return None
+        resting = resting or last
+    if any(order[id(c)] < order[id(site)] for c in by_function.get(id(func), ())):
+        return None  # a mode is chosen before the forward (eval, or a deliberate train-mode pass)
+    for caller_site in call_sites(a, func):
+        before = by_function.get(id(a.enclosing_function(caller_site)), ())
+        if any(order[id(c)] < order[id(caller_site)] for c in before):
+            return None  # the caller sets the mode before it calls
+    return resting
 
 
 def _scoring_site(a: "Analysis", grad, call: cst.Call, depth: int = 2) -> cst.Call | None:

@@ -58,8 +58,12 @@ class TrainModeScoring(Rule):
 
     The forward runs under `torch.no_grad()`/`inference_mode()` itself, or in a same-module helper called there; a
     model attribute bound to what the linter cannot follow (`self.actor, self.opt = strategy.prepare(...)`) is
-    known by its attribute. It is silent when any other mode method is called on the model in the module
-    (`.eval()`, `.train(False)`, wherever) or on a module that owns it (`self.eval()` for `self.trunk`), when the
+    known by its attribute. Where the module also sets another mode on the model (`.eval()`, `.train(False)`), or
+    on a module that owns it (`self.eval()` for `self.trunk`), it reports only when train mode is where the model
+    rests: every function that sets a mode on it ends with `.train()` (an evaluation pass that puts it back, `#
+    reset model state`), and neither the function that scores nor a caller in view sets a mode before the forward.
+    A function that leaves the model in eval mode (a rollout) silences it: the mode at the forward then depends on
+    the order of calls. It is also silent when the
     function that scores puts it in train mode itself before the forward (a deliberate train-mode pass), when the model is handed to a same-module helper that sets a mode, or
     to a call out of view named for one (`set_eval(model)`), when the forward's output is dropped (a pass that
     refreshes batch statistics), and when the model is an instance of a class of the module without dropout or
@@ -264,7 +268,38 @@ class TrainModeScoring(Rule):
               "    assert torch.allclose(expected, got)\n",
               "the function puts the model in train mode itself right before: a deliberate train-mode pass",
               capability="FP", style="script"),
+        Valid("class PolicyWorker:\n"
+              "    def forward(self, seqs):\n"
+              "        with torch.no_grad():\n"
+              "            logp = self.actor(seqs)\n"
+              "        self.actor.train()\n"
+              "        return logp\n"
+              "    def rollout(self, prompts):\n"
+              "        self.actor.eval()\n"
+              "        return self.actor.generate(prompts)\n",
+              why="the rollout leaves the actor in eval mode: its mode at the scoring forward depends on the order of "
+                  "calls", capability="C8", style="framework"),
+        Valid("class PolicyWorker:\n"
+              "    def _score(self, seqs):\n"
+              "        with torch.no_grad():\n"
+              "            logp = self.actor(seqs)\n"
+              "        self.actor.train()\n"
+              "        return logp\n"
+              "    def make_experience(self, seqs):\n"
+              "        self.actor.eval()\n"
+              "        return self._score(seqs)\n",
+              why="the only caller puts the actor in eval mode before it calls the scoring function",
+              capability="C8", style="framework"),
+        Valid("class PolicyWorker:\n"
+              "    def forward(self, seqs):\n"
+              "        self.actor.eval()\n"
+              "        with torch.no_grad():\n"
+              "            logp = self.actor(seqs)\n"
+              "        self.actor.train()  # reset model state\n"
+              "        return logp\n",
+              why="eval before scoring, train after: correct", capability="C8", style="framework"),
     ]
+
     INVALID = [
         Invalid("from rlguard.reference.model import TinyCausalLM\n"
                 "def make_reference(model):\n"
@@ -362,6 +397,36 @@ class TrainModeScoring(Rule):
                 "        return v\n", line=8,
                 why="an attribute bound out of view, put in train mode in one method, scored in another",
                 capability="C8", style="framework"),
+        Invalid("class PolicyWorker:\n"
+                "    def init(self, model):\n"
+                "        self.actor = model\n"
+                "    def forward(self, seqs, mask):\n"
+                "        with torch.no_grad():\n"
+                "            logp = self.actor(seqs, mask)\n"
+                "        self.actor.train()  # reset model state\n"
+                "        return logp.cpu()\n"
+                "    def evaluate(self, loader):\n"
+                "        self.actor.eval()\n"
+                "        with torch.no_grad():\n"
+                "            scores = [self.actor(b) for b in loader]\n"
+                "        self.actor.train()\n"
+                "        return scores\n", line=6,
+                why="the evaluation pass puts the actor back in train mode, so it rests there; the scoring forward "
+                    "sets no mode", capability="C8", style="framework"),
+        Invalid("class PolicyWorker:\n"
+                "    def fit(self, batch):\n"
+                "        self.model.train()\n"
+                "        self.model(batch).loss.backward()\n"
+                "    def evaluate(self, loader):\n"
+                "        self.model.eval()\n"
+                "        out = [self.model(b) for b in loader]\n"
+                "        self.model.train()\n"
+                "        return out\n"
+                "    @torch.no_grad()\n"
+                "    def old_logprobs(self, ids):\n"
+                "        return self.model(ids).logits.log_softmax(-1)\n", line=12,
+                why="renamed spelling: every function that sets a mode ends in train mode", capability="C8",
+                style="framework"),
     ]
 
     def check(self, ctx: Analysis) -> Iterator[Violation]:
@@ -380,6 +445,13 @@ class TrainModeScoring(Rule):
                                        f"KL to an identical reference is not 0); call `{name}.eval()`")
         for score in train_mode_scores(ctx):
             name = score.name
+            if score.resting:
+                yield Violation(score.site, f"`{name}` scores here with autograd off, and no mode is set for this "
+                                            f"forward while every function that sets one leaves it in train mode "
+                                            f"(`{ctx.code(score.train)}`): after the first update it scores with "
+                                            f"dropout on, so the log-probs or values it gives are noisy (the ratio is "
+                                            f"not 1 before a step); call `{name}.eval()` before scoring")
+                continue
             yield Violation(score.site, f"`{name}` is put in train mode (`.train()`) and never in eval mode in this "
                                         f"module, yet it scores here with autograd off: its dropout stays on, so the "
                                         f"log-probs or values it gives are noisy (the ratio is not 1 before a step); "
