@@ -26,7 +26,7 @@ import tokenize
 import traceback
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Iterator, TypeVar
+from typing import Callable, Iterable, Iterator, Sequence, TypeVar
 
 import libcst as cst
 from libcst._parser.types.config import KNOWN_PYTHON_VERSION_STRINGS
@@ -422,7 +422,8 @@ def lint_source(source: str, path: str = "<string>", rules: Iterable[type[Rule]]
                           _Clock(timings), project, module_name, summarise, preview)
         if preview or not (result.findings or result.fixed) or result.errors:
             return result
-        keep = _surviving_renaming(source, path, rules, vocabulary, target_version, project, module_name)
+        keep = _surviving_renaming(source, path, rules, vocabulary, target_version, project, module_name,
+                                   [*result.findings, *result.fixed])
         if keep is None:
             return result
         if fix and any((f.code, f.line) not in keep for f in result.fixed):
@@ -436,11 +437,14 @@ def lint_source(source: str, path: str = "<string>", rules: Iterable[type[Rule]]
         return result
 
 
-def _surviving_renaming(source: str, path: str, rules, vocabulary, target, project, module_name
-                        ) -> frozenset[tuple[str, int]] | None:
+def _surviving_renaming(source: str, path: str, rules, vocabulary, target, project, module_name,
+                        found: Sequence[Finding] = ()) -> frozenset[tuple[str, int]] | None:
     """The (code, line) of the findings that survive renaming the file's own names to neutral ones
     (:mod:`rlguard.lint.neutral`): a finding that does not rests on what a variable is called, and is a
-    preview finding. None when nothing is renamed, or the renaming cannot be made (then every finding stands)."""
+    preview finding. A finding of ``found`` survives too when the renamed file has a finding of its code in the
+    same function on another line: a name may choose where a fault is reported (a value named ``surrogate`` is
+    meant to be maximised, so the fault is where it becomes a loss) without deciding whether it is reported.
+    None when nothing is renamed, or the renaming cannot be made (then every finding stands)."""
     try:
         renaming = neutral.rename_source(source)
     except (SyntaxError, ValueError, RecursionError, MemoryError):
@@ -455,7 +459,37 @@ def _surviving_renaming(source: str, path: str, rules, vocabulary, target, proje
         project.consulted.update(consulted)
     if again.errors:
         return None
-    return frozenset((f.code, f.line) for f in again.findings)
+    keep = {(f.code, f.line) for f in again.findings}
+    moved = [f for f in found if (f.code, f.line) not in keep]
+    if moved:
+        function_of = _innermost_functions(source)
+        renamed = {(f.code, function_of(f.line)) for f in again.findings}
+        keep |= {(f.code, f.line) for f in moved if function_of(f.line) is not None and
+                 (f.code, function_of(f.line)) in renamed}
+    return frozenset(keep)
+
+
+def _innermost_functions(source: str):
+    """A map from a line to the first line of the innermost function (or lambda-free ``def``) containing it, or
+    None at module level or when the source cannot be read by ``ast``."""
+    import ast
+
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return lambda line: None
+    spans = sorted((node.lineno, node.end_lineno or node.lineno) for node in ast.walk(tree)
+                   if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)))
+
+    def function_of(line: int) -> int | None:
+        best = None
+        for start, end in spans:
+            if start > line:
+                break
+            if end >= line:
+                best = start  # sorted by start: a later containing span is nested inside the earlier one
+        return best
+    return function_of
 
 
 @contextmanager

@@ -31,6 +31,28 @@ def test_a_loss_shown_by_its_backward_is_stable_and_survives_renaming():
     assert codes(RENAMED, preview=False) == ["RLG004"]
 
 
+# A value named for a maximised quantity (`surrogate*`) moves where the unnegated surrogate is reported (to the line
+# where it becomes the returned loss); under neutral names it is reported where the terms are built. The finding
+# stands in both spellings: a name chose its line, not whether it is reported.
+MOVED = ("def actor_loss_fn(logp, old_logp, adv, mask, eps):\n"
+         "    ratio = torch.exp(logp - old_logp)\n"
+         "    {s1} = adv * ratio\n"
+         "    {s2} = adv * torch.clamp(ratio, 1 - eps, 1 + eps)\n"
+         "    return (torch.min({s1}, {s2}) * mask).sum() / mask.sum()\n")
+
+
+def lines(source: str, preview: bool = False) -> list[tuple[str, int]]:
+    return [(f.code, f.line) for f in lint_source(source, "t.py", preview=preview).findings]
+
+
+def test_a_finding_whose_line_a_name_chooses_survives_renaming():
+    named = MOVED.format(s1="surrogate1", s2="surrogate2")
+    neutral = MOVED.format(s1="q1", s2="q2")
+    assert lines(named, preview=True) == [("RLG005", 5)]
+    assert lines(named) == [("RLG005", 5)]
+    assert lines(neutral) == [("RLG005", 3), ("RLG005", 4)]
+
+
 @pytest.fixture
 def project(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
