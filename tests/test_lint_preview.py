@@ -53,6 +53,19 @@ def test_a_finding_whose_line_a_name_chooses_survives_renaming():
     assert lines(neutral) == [("RLG005", 3), ("RLG005", 4)]
 
 
+# DeepSpeed's `engine.backward(loss)`: an object that is stepped is an engine, not a tensor (whose `backward`
+# takes a gradient), whatever it is called; without the step nothing shows that the argument is a loss.
+ENGINE = ("def update(self, pg_loss, entropy):\n"
+          "    v1 = pg_loss + 0.01 * entropy.mean()\n"
+          "    self.e1.backward(v1)\n"
+          "{step}")
+
+
+def test_an_engine_is_known_by_its_step_not_its_name():
+    assert lines(ENGINE.format(step="    self.e1.step()\n")) == [("RLG004", 2)]
+    assert lines(ENGINE.format(step="")) == []
+
+
 @pytest.fixture
 def project(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)

@@ -82,11 +82,38 @@ def backward_loss(call: cst.Call, a: "Analysis | None" = None) -> cst.BaseExpres
         name = dotted_name(recv) or ""
         if S.ENGINE_NAME.fullmatch(name.rsplit(".", 1)[-1]) or name in ("self", "torch.autograd") or \
                 name.endswith(("model", "module", "engine", "accelerator", "strategy", "fabric")) or \
-                (a is not None and _built_as_engine(a, recv)):
+                (a is not None and (_built_as_engine(a, recv) or name in module_like_keys(a))):
             loss = call.args[0].value
     while isinstance(loss, cst.Call) and S.method_name(loss) == "scale" and loss.args:
         loss = loss.args[0].value
     return loss
+
+
+# Methods of a module or a training engine, never of a tensor: an object that has one called on it is not a tensor,
+# so the positional argument of its `backward` is the loss (DeepSpeed's `engine.backward(loss); engine.step()`).
+_MODULE_ONLY_METHODS = frozenset({"step", "zero_grad", "parameters", "named_parameters", "train", "eval",
+                                  "save_checkpoint", "load_checkpoint", "state_dict", "load_state_dict", "generate",
+                                  "gradient_checkpointing_enable"})
+
+
+def module_like_keys(a: "Analysis") -> frozenset:
+    """The dotted names this module treats as modules or engines by what it calls on them: a method only a module
+    or an engine has (``.step()``, ``.parameters()``, ``.eval()``...), or the object itself called as a model
+    (``self.actor(ids)``). Whatever the names are."""
+    def build(an):
+        found = set()
+        for call in an.nodes(cst.Call):
+            func = call.func
+            if isinstance(func, cst.Attribute):
+                if func.attr.value in _MODULE_ONLY_METHODS:
+                    key = dotted_name(func.value)
+                    if key is not None:
+                        found.add(key)
+                key = dotted_name(func)
+                if key is not None and isinstance(func.value, cst.Name) and func.value.value == "self":
+                    found.add(key)  # `self.actor(ids)`: an attribute that is called is no tensor
+        return frozenset(found)
+    return a.facet("module_like_keys", build)
 
 
 def _built_as_engine(a: "Analysis", expr: cst.BaseExpression, depth: int = 3) -> bool:
