@@ -451,8 +451,11 @@ def _mask_defs(a: "Analysis", func: cst.CSTNode) -> list[Def]:
             continue
         for d in defs:
             if d.kind == "param":
+                # a parameter never read is a placeholder of the function's interface (a model that takes no mask, a
+                # signature kept for callers), unless a caller in view builds the mask and hands it in: then the
+                # forward needs it and the function drops it
                 if ATTENTION_MASK_NAME.fullmatch(key) and not key.lower().startswith(OTHER_INPUT_MASK) and \
-                        reads_of(a, d):
+                        (reads_of(a, d) or _handed_a_mask(a, func, key)):
                     out.append(d)
                 continue
             if d.kind != "assign" or d.element is not None or d.value is None:
@@ -464,6 +467,37 @@ def _mask_defs(a: "Analysis", func: cst.CSTNode) -> list[Def]:
                 out.append(d)
     cache[id(func)] = out
     return out
+
+
+def _handed_a_mask(a: "Analysis", func: cst.CSTNode, param: str) -> bool:
+    """Whether a call of ``func`` in view hands its parameter ``param`` an attention mask the caller has: a pad
+    comparison (``seq != pad_id``, through casts and one plain assignment) or a batch's ``attention_mask`` entry.
+    The caller built the mask for this function's forward; a function that then never reads it drops it."""
+    if not isinstance(func, cst.FunctionDef):
+        return False
+    from rlguard.lint.analysis.grad import call_sites
+    from rlguard.lint.analysis.values import bind_arguments
+
+    for call in call_sites(a, func):
+        for name, (value, _) in bind_arguments(func, call, None):
+            if name == param and _is_mask_value(a, value):
+                return True
+    return False
+
+
+def _is_mask_value(a: "Analysis", expr: cst.BaseExpression, depth: int = 1) -> bool:
+    core = strip_casts(a, expr)
+    if pad_comparison(a, core) is not None:
+        return True
+    entry = _entry(a, core)
+    if entry is not None and entry[1] == "attention_mask":
+        return True
+    key = key_of(core) if isinstance(core, (cst.Name, cst.Attribute)) and depth > 0 else None
+    if key is None:
+        return False
+    defs = a.flow.reaching(key, core)
+    return bool(defs) and all(d.kind == "assign" and d.element is None and d.value is not None and
+                              _is_mask_value(a, d.value, depth - 1) for d in defs)
 
 
 def _from_parameter(a: "Analysis", ids: cst.BaseExpression, mask_param: Def) -> bool:

@@ -84,7 +84,9 @@ class PaddingLeak(Rule):
     - the `attention_mask` entry of the batch the ids are the `input_ids` of (`batch["attention_mask"]`,
       `batch.get("attention_mask")`, `batch.attention_mask`);
     - a parameter named for the attention mask when the ids are rows of the token-id parameter beside it (parameter
-      names are the function's interface; on one path at least, another may unpad them);
+      names are the function's interface; on one path at least, another may unpad them); one the function never
+      reads counts only when a caller in view hands it a mask it built (a pad comparison, a batch's
+      `attention_mask` entry): otherwise it may be a placeholder of the interface (a model that takes no mask);
     - a block mask of rows packed into one sequence (`seg[:, None] == seg[None, :]`), or a local named as an
       attention mask computed from the same data as the packed ids.
 
@@ -298,7 +300,20 @@ class PaddingLeak(Rule):
               "    return values * attention_mask, other\n",
               "an element-wise torch.where of the ids and the mask keeps the padded layout: no padding removed",
               capability="FP", style="functional"),
+        Valid("class Trainer:\n"
+              "    def _logps(self, model, input_ids, attention_mask, keep):\n"
+              "        logits = model(input_ids=input_ids).logits[:, :-1]\n"
+              "        return selective_log_softmax(logits[:, -keep:], input_ids[:, -keep:])\n"
+              "    def step(self, seqs, keep):\n"
+              "        return self._logps(self.actor, seqs, None, keep)\n",
+              why="a mask parameter never read and handed no mask: a placeholder of the interface",
+              capability="C8", style="class"),
+        Valid("def logps(model, input_ids, attention_mask):\n"
+              "    return model(input_ids).logits.log_softmax(-1)\n",
+              why="a mask parameter never read, no caller in view: the model may take no mask", capability="C8",
+              style="functional"),
     ]
+
     INVALID = [
         Invalid(_PACKED_OR_PADDED.format(mask=""), line=8,
                 why="the mask gives the positions (counted here, or made by a helper the forward takes them from) "
@@ -412,7 +427,16 @@ class PaddingLeak(Rule):
                 "    return s[torch.arange(s.size(0)), end]\n", line=11,
                 why="the same worker with other local names: the batch keys and the unpad path say what they are",
                 capability="C3", style="functional"),
-        Invalid("def reward(critic, input_ids, attention_mask):\n"
+        Invalid("class Trainer:\n"
+                "    def _logps(self, model, input_ids, attention_mask, keep):\n"
+                "        logits = model(input_ids=input_ids).logits[:, :-1]\n"
+                "        return selective_log_softmax(logits[:, -keep:], input_ids[:, -keep:])\n"
+                "    def step(self, seqs, keep):\n"
+                "        m = (seqs != self.tokenizer.pad_token_id).long()\n"
+                "        return self._logps(self.actor, seqs, m, keep)\n", line=3,
+                why="the caller builds the pad mask and hands it in; the helper never reads it",
+                capability="C8", style="class"),
+                Invalid("def reward(critic, input_ids, attention_mask):\n"
                 "    position_ids = attention_mask.long().cumsum(-1) - 1\n"
                 "    position_ids.masked_fill_(attention_mask == 0, 1)\n"
                 "    values = critic(input_ids, position_ids=position_ids).logits.squeeze(-1)\n"
