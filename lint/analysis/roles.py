@@ -8,6 +8,8 @@ a structural fact, and a structural fact that contradicts the hint wins.
 
 from __future__ import annotations
 
+import re
+
 from typing import TYPE_CHECKING
 
 import libcst as cst
@@ -305,7 +307,7 @@ def critic_advantage(a: "Analysis", d: Def) -> bool:
     value = d.value if d.kind == "assign" and d.element is None else None
     if not (isinstance(value, cst.BinaryOperation) and isinstance(value.operator, cst.Subtract)):
         return False
-    if not reward_like(a, value.left) or not critic_output(a, value.right):
+    if not (reward_like(a, value.left) or bootstrapped_return(a, value.left)) or not critic_output(a, value.right):
         return False
     from rlguard.lint.analysis.uses import reads_of
 
@@ -327,6 +329,55 @@ def reward_like(a: "Analysis", expr: cst.BaseExpression) -> bool:
     name = last_name(key)
     return name not in TOO_GENERIC and any(a.names.is_role(name, r) for r in REWARD_ROLES) and \
         not a.names.is_role(name, "mask")
+
+
+def bootstrapped_return(a: "Analysis", expr: cst.BaseExpression, depth: int = 2) -> bool:
+    """A return by its formula: a sum with a discounted term, ``r + gamma * v_next`` (a TD target) or ``r + gamma *
+    R`` (a discounted return), the discount a literal in (0, 1), a name every binding of which is one, or a
+    parameter or settings field named for it (``gamma``, ``discount``: the interface), through plain assignments."""
+    while isinstance(expr, cst.Call) and a.method(expr) in _KEEPING and S.receiver(expr) is not None:
+        expr = S.receiver(expr)
+    if isinstance(expr, cst.BinaryOperation) and isinstance(expr.operator, cst.Add):
+        return any(_discounted(a, side) for side in (expr.left, expr.right))
+    key = key_of(expr) if isinstance(expr, cst.Name) and depth > 0 else None
+    if key is None:
+        return False
+    defs = a.flow.reaching(key, expr)
+    return bool(defs) and all(d.kind == "assign" and d.element is None and d.value is not None and
+                              bootstrapped_return(a, d.value, depth - 1) for d in defs)
+
+
+_DISCOUNT_NAME = re.compile(r"(?i)gamma|discount(_factor)?")
+
+
+def _discounted(a: "Analysis", expr: cst.BaseExpression) -> bool:
+    """``gamma * x`` (either order, possibly times a done mask): a factor that is a discount."""
+    if not (isinstance(expr, cst.BinaryOperation) and isinstance(expr.operator, cst.Multiply)):
+        return False
+    from rlguard.lint.analysis.signs import factors
+
+    return any(_is_discount(a, f) for f in factors(expr)[1])
+
+
+def _is_discount(a: "Analysis", expr: cst.BaseExpression, depth: int = 2) -> bool:
+    number = S.number_value(expr)
+    if number is not None:
+        return 0.0 < number < 1.0
+    key = key_of(expr) if isinstance(expr, (cst.Name, cst.Attribute)) else None
+    if key is None or depth <= 0:
+        return False
+    defs = a.flow.reaching(key, expr)
+    if not defs:
+        # a field of a settings object or a parameter read here and bound elsewhere: its name is the interface
+        return isinstance(expr, cst.Attribute) and bool(_DISCOUNT_NAME.fullmatch(expr.attr.value))
+    for d in defs:
+        if d.kind == "param":
+            if not _DISCOUNT_NAME.fullmatch(d.key) and not (d.value is not None and _is_discount(a, d.value, 0)):
+                return False
+        elif not (d.kind == "assign" and d.element is None and d.value is not None and
+                  _is_discount(a, d.value, depth - 1)):
+            return False
+    return True
 
 
 def critic_output(a: "Analysis", expr: cst.BaseExpression, frame=None) -> bool:

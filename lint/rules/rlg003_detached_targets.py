@@ -409,6 +409,20 @@ class DetachedTargets(Rule):
               "    loss = -torch.min(ratio * adv, torch.clamp(ratio, 0.8, 1.2) * adv).mean()\n"
               "    loss.backward()\n",
               "advantages accumulated in a list from detached values", capability="C1", style="functional"),
+        Valid("def update(net, opt, obs, act, rew, nxt, done):\n"
+              "    q1 = rew + 0.99 * net.v(nxt).detach() * done\n"
+              "    q2 = q1 - net.v(obs).squeeze(-1)\n"
+              "    q3 = torch.log_softmax(net.pi(obs), -1).gather(1, act).squeeze(1)\n"
+              "    q4 = -(q3 * q2.detach()).mean() + q2.pow(2).mean()\n"
+              "    opt.zero_grad()\n"
+              "    q4.backward()\n"
+              "    opt.step()\n",
+              why="A2C with the TD error detached where it weighs the log-probs", capability="C2", style="functional"),
+        Valid("def update(net, opt, obs, act, rew, nxt, scale):\n"
+              "    q1 = rew + scale * net.v(nxt)\n"
+              "    q2 = q1 - net.v(obs).squeeze(-1)\n"
+              "    return q2.pow(2).mean()\n",
+              why="no discount and no log-probs: a regression, not an advantage", capability="C2", style="functional"),
     ]
     INVALID = [
         Invalid(_A2C_RESIDUAL.format(detach=""), line=3,
@@ -537,6 +551,17 @@ class DetachedTargets(Rule):
                 "loss.backward()\n", line=1,
                 why="x is passed as the old log-probs and computed from the live model with autograd on",
                 capability="C4", style="script"),
+        Invalid("def update(net, opt, obs, act, rew, nxt, done):\n"
+                "    q1 = rew + 0.99 * net.v(nxt).detach() * done\n"
+                "    q2 = q1 - net.v(obs).squeeze(-1)\n"
+                "    q3 = torch.log_softmax(net.pi(obs), -1).gather(1, act).squeeze(1)\n"
+                "    q4 = -(q3 * q2).mean() + (q1 - net.v(obs).squeeze(-1)).pow(2).mean()\n"
+                "    opt.zero_grad()\n"
+                "    q4.backward()\n"
+                "    opt.step()\n", line=3,
+                why="A2C: a TD target (reward plus a discounted value) minus the critic's value weighs the log-probs "
+                    "undetached, whatever the locals are called (preview: `net.v` is a method out of view, which may "
+                    "run under no_grad)", capability="C2", style="functional", preview=True),
     ]
 
     def check(self, ctx: Analysis) -> Iterator[Violation]:
