@@ -497,7 +497,9 @@ class ProvenanceFacet(Facet):
     def _what(self, origins: frozenset, what: str) -> frozenset:
         # a rollout's scores are the sampling policy's logits: their log-softmax is its log-probs (the token ids a
         # rollout returns are no logits, whatever is applied to them)
-        return frozenset(replace(o, what=what) if o.kind == FORWARD or (
+        # (a method's `self`, read where its submodules run, stands for a forward of the caller's model until the
+        # call is resolved: see `_own_submodules`)
+        return frozenset(replace(o, what=what) if o.kind == FORWARD or (o.kind == PARAM and o.name == "self") or (
             o.kind == ROLLOUT and o.what == "logits" and what == "logprobs") else o for o in origins)
 
     @staticmethod
@@ -545,6 +547,23 @@ class ProvenanceFacet(Facet):
                 if isinstance(anc, cst.With) and any(_reference_context(self.a, item.item) for item in anc.items):
                     return True
         return False
+
+    def _own_submodules(self, call: cst.Call, recv, origins: frozenset, frame) -> frozenset:
+        """A method of a torch module in view, called on a model (``model.v(obs)``), whose walk ends at its own
+        submodules (``self.fc_v(x)``, read as the method's ``self``): a forward of the model the caller holds, with
+        the caller's autograd state. A method that turns autograd off or detaches is left as walked."""
+        own = [o for o in origins if o.kind == PARAM and o.name == "self"]
+        if not own or recv is None or not isinstance(recv, (cst.Name, cst.Attribute)):
+            return origins
+        owner = self.models.model(recv, frame)
+        func = self.a.callee(call)
+        if owner is None or func is None or self.a.method(call) in S.NON_FORWARD_METHODS:
+            return origins
+        text = self.a.code(func)
+        if "no_grad" in text or "inference_mode" in text or "detach" in text:
+            return origins
+        forwards = frozenset(o for own_origin in own for o in self._forward(call, owner, frame, own_origin.what))
+        return frozenset(o for o in origins if o not in own) | forwards
 
     # ----- transfer ---------------------------------------------------------------------------------------------
     def node(self, trace, expr, frame):
@@ -647,6 +666,14 @@ class ProvenanceFacet(Facet):
         if name in S.LOG_SOFTMAX or method == "log_softmax":
             source = call.args[0].value if method is None and call.args else recv
             return self._context(self._what(trace.value(source, frame), "logprobs"), call, frame)
+        if name in S.SOFTMAX or method == "softmax":
+            # probabilities: their log is log-probs (`torch.log(pi.gather(1, a))`, A2C's policy head)
+            source = call.args[0].value if method is None and call.args else recv
+            return self._context(self._what(trace.value(source, frame), "probs"), call, frame)
+        if (name == "torch.log" and call.args) or (method == "log" and recv is not None and not call.args):
+            inner = trace.value(call.args[0].value if method is None else recv, frame)
+            if inner and all(o.kind in (FORWARD, PARAM) and o.what == "probs" for o in inner):
+                return self._context(self._what(inner, "logprobs"), call, frame)
         if method == "gather" or name in S.GATHER:
             source = recv if method == "gather" and name not in S.GATHER else S.argument(call, 0, "input")
             return self._context(trace.value(source, frame), call, frame)
@@ -665,7 +692,7 @@ class ProvenanceFacet(Facet):
         # a function of this module: walked into
         helper = trace.helper_call(call, frame)
         if helper is not None:
-            return helper
+            return self._own_submodules(call, recv, helper, frame)
         summary = a.summary_of_call(call)
         if summary is not None:
             return self._summarised(trace, call, summary, frame)

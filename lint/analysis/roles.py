@@ -331,20 +331,64 @@ def reward_like(a: "Analysis", expr: cst.BaseExpression) -> bool:
         not a.names.is_role(name, "mask")
 
 
-def bootstrapped_return(a: "Analysis", expr: cst.BaseExpression, depth: int = 2) -> bool:
+def bootstrapped_return(a: "Analysis", expr: cst.BaseExpression, depth: int = 6) -> bool:
     """A return by its formula: a sum with a discounted term, ``r + gamma * v_next`` (a TD target) or ``r + gamma *
     R`` (a discounted return), the discount a literal in (0, 1), a name every binding of which is one, or a
     parameter or settings field named for it (``gamma``, ``discount``: the interface), through plain assignments."""
-    while isinstance(expr, cst.Call) and a.method(expr) in _KEEPING and S.receiver(expr) is not None:
-        expr = S.receiver(expr)
+    while True:
+        if isinstance(expr, cst.Call) and a.method(expr) in _KEEPING and S.receiver(expr) is not None:
+            expr = S.receiver(expr)
+        elif isinstance(expr, cst.Call) and a.call_name(expr) in _COLLECTING and expr.args:
+            expr = expr.args[0].value  # torch.stack(returns), torch.tensor(returns): the list's elements
+        elif isinstance(expr, cst.Subscript) and key_of(expr) is None:
+            expr = expr.value  # returns[::-1]
+        else:
+            break
     if isinstance(expr, cst.BinaryOperation) and isinstance(expr.operator, cst.Add):
         return any(_discounted(a, side) for side in (expr.left, expr.right))
-    key = key_of(expr) if isinstance(expr, cst.Name) and depth > 0 else None
+    if depth <= 0:
+        return False
+    if isinstance(expr, cst.Call):
+        # a function of this module that returns discounted returns (a `compute_returns` helper)
+        func = a.callee(expr)
+        returns = [r.value for r in a.index.scopes[id(func)].returns if r.value is not None] if func else []
+        return bool(returns) and all(bootstrapped_return(a, r, depth - 1) for r in returns)
+    key = key_of(expr) if isinstance(expr, cst.Name) else None
     if key is None:
         return False
     defs = a.flow.reaching(key, expr)
-    return bool(defs) and all(d.kind == "assign" and d.element is None and d.value is not None and
-                              bootstrapped_return(a, d.value, depth - 1) for d in defs)
+    if not defs or not all(d.kind == "assign" and d.element is None and d.value is not None for d in defs):
+        return False
+    if all(_empty_list(d.value) for d in defs):
+        # a list filled in a loop (`returns.insert(0, R)`, `targets.append(G)`): its elements
+        added = _added_elements(a, key, defs[0])
+        return bool(added) and all(bootstrapped_return(a, e, depth - 1) for e in added)
+    return all(bootstrapped_return(a, d.value, depth - 1) for d in defs)
+
+
+_COLLECTING = frozenset({"torch.stack", "torch.tensor", "torch.as_tensor", "torch.cat", "torch.FloatTensor",
+                         "numpy.array", "numpy.asarray", "numpy.stack"})
+
+
+def _empty_list(expr: cst.BaseExpression) -> bool:
+    return (isinstance(expr, cst.List) and not expr.elements) or (
+        isinstance(expr, cst.Call) and isinstance(expr.func, cst.Name) and expr.func.value == "list" and not expr.args)
+
+
+def _added_elements(a: "Analysis", key: str, d: Def) -> list[cst.BaseExpression]:
+    """The elements ``key.append(e)`` / ``key.insert(i, e)`` add to the list ``d`` binds, in its function."""
+    scope = d.scope
+    calls = a.index.descendants(scope, cst.Call) if scope is not a.module else a.nodes(cst.Call)
+    found = []
+    for call in calls:
+        method = a.method(call)
+        if method not in ("append", "insert") or dotted_name(S.receiver(call)) != key:
+            continue
+        element = S.argument(call, 0 if method == "append" else 1, None)
+        if element is None:
+            return []
+        found.append(element)
+    return found
 
 
 _DISCOUNT_NAME = re.compile(r"(?i)gamma|discount(_factor)?")

@@ -423,6 +423,27 @@ class DetachedTargets(Rule):
               "    q2 = q1 - net.v(obs).squeeze(-1)\n"
               "    return q2.pow(2).mean()\n",
               why="no discount and no log-probs: a regression, not an advantage", capability="C2", style="functional"),
+        Valid("class Net(nn.Module):\n"
+              "    def __init__(self):\n"
+              "        super().__init__()\n"
+              "        self.head_p = nn.Linear(4, 2)\n"
+              "        self.head_v = nn.Linear(4, 1)\n"
+              "    def p(self, x):\n"
+              "        return F.softmax(self.head_p(x), dim=-1)\n"
+              "    def v(self, x):\n"
+              "        return self.head_v(x)\n"
+              "net = Net()\n"
+              "opt = torch.optim.Adam(net.parameters())\n"
+              "for obs, act, rs, last_obs in batches():\n"
+              "    q1 = rs + 0.98 * net.v(last_obs).detach().reshape(-1)\n"
+              "    q2 = q1 - net.v(obs).reshape(-1)\n"
+              "    q3 = net.p(obs).gather(1, act).reshape(-1)\n"
+              "    q4 = -(torch.log(q3) * q2.detach()).mean() + q2.pow(2).mean()\n"
+              "    opt.zero_grad()\n"
+              "    q4.backward()\n"
+              "    opt.step()\n",
+              why="the same script with the TD error detached where it weighs the log-probs", capability="C2",
+              style="script"),
     ]
     INVALID = [
         Invalid(_A2C_RESIDUAL.format(detach=""), line=3,
@@ -562,6 +583,35 @@ class DetachedTargets(Rule):
                 why="A2C: a TD target (reward plus a discounted value) minus the critic's value weighs the log-probs "
                     "undetached, whatever the locals are called (preview: `net.v` is a method out of view, which may "
                     "run under no_grad)", capability="C2", style="functional", preview=True),
+        Invalid("class Net(nn.Module):\n"
+                "    def __init__(self):\n"
+                "        super().__init__()\n"
+                "        self.body = nn.Linear(4, 64)\n"
+                "        self.head_p = nn.Linear(64, 2)\n"
+                "        self.head_v = nn.Linear(64, 1)\n"
+                "    def p(self, x):\n"
+                "        return F.softmax(self.head_p(F.relu(self.body(x))), dim=-1)\n"
+                "    def v(self, x):\n"
+                "        return self.head_v(F.relu(self.body(x)))\n"
+                "def discounted(last, rs, ms):\n"
+                "    g = last\n"
+                "    out = []\n"
+                "    for r, m in zip(rs[::-1], ms[::-1]):\n"
+                "        g = r + 0.98 * g * m\n"
+                "        out.append(g)\n"
+                "    return torch.stack(out[::-1]).float()\n"
+                "net = Net()\n"
+                "opt = torch.optim.Adam(net.parameters())\n"
+                "for obs, act, rs, ms, last_obs in batches():\n"
+                "    q1 = discounted(net.v(last_obs).detach(), rs, ms).reshape(-1)\n"
+                "    q2 = q1 - net.v(obs).reshape(-1)\n"
+                "    q3 = net.p(obs).gather(1, act).reshape(-1)\n"
+                "    q4 = -(torch.log(q3) * q2).mean() + F.smooth_l1_loss(net.v(obs).reshape(-1), q1)\n"
+                "    opt.zero_grad()\n"
+                "    q4.backward()\n"
+                "    opt.step()\n", line=22,
+                why="A2C script: discounted returns from a helper minus the value head of a module in view weigh the "
+                    "log of the policy head's probabilities, undetached", capability="C2", style="script"),
     ]
 
     def check(self, ctx: Analysis) -> Iterator[Violation]:
