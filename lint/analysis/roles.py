@@ -359,36 +359,21 @@ def bootstrapped_return(a: "Analysis", expr: cst.BaseExpression, depth: int = 6)
     defs = a.flow.reaching(key, expr)
     if not defs or not all(d.kind == "assign" and d.element is None and d.value is not None for d in defs):
         return False
-    if all(_empty_list(d.value) for d in defs):
+    from rlguard.lint.analysis.values import list_growth
+
+    for d in defs:
         # a list filled in a loop (`returns.insert(0, R)`, `targets.append(G)`): its elements
-        added = _added_elements(a, key, defs[0])
-        return bool(added) and all(bootstrapped_return(a, e, depth - 1) for e in added)
-    return all(bootstrapped_return(a, d.value, depth - 1) for d in defs)
+        added = list_growth(a, d)
+        if not (all(bootstrapped_return(a, e, depth - 1) for e in added) if added else
+                bootstrapped_return(a, d.value, depth - 1)):
+            return False
+    return True
 
 
 _COLLECTING = frozenset({"torch.stack", "torch.tensor", "torch.as_tensor", "torch.cat", "torch.FloatTensor",
                          "numpy.array", "numpy.asarray", "numpy.stack"})
 
 
-def _empty_list(expr: cst.BaseExpression) -> bool:
-    return (isinstance(expr, cst.List) and not expr.elements) or (
-        isinstance(expr, cst.Call) and isinstance(expr.func, cst.Name) and expr.func.value == "list" and not expr.args)
-
-
-def _added_elements(a: "Analysis", key: str, d: Def) -> list[cst.BaseExpression]:
-    """The elements ``key.append(e)`` / ``key.insert(i, e)`` add to the list ``d`` binds, in its function."""
-    scope = d.scope
-    calls = a.index.descendants(scope, cst.Call) if scope is not a.module else a.nodes(cst.Call)
-    found = []
-    for call in calls:
-        method = a.method(call)
-        if method not in ("append", "insert") or dotted_name(S.receiver(call)) != key:
-            continue
-        element = S.argument(call, 0 if method == "append" else 1, None)
-        if element is None:
-            return []
-        found.append(element)
-    return found
 
 
 _DISCOUNT_NAME = re.compile(r"(?i)gamma|discount(_factor)?")
