@@ -66,6 +66,21 @@ def test_an_engine_is_known_by_its_step_not_its_name():
     assert lines(ENGINE.format(step="")) == []
 
 
+# An optimizer stepped with a value is a wrapper that backpropagates it (torch's step takes only a closure); an
+# environment stepped with a value is not.
+STEPPED = ("class A:\n"
+           "    def __init__(self, p):\n"
+           "        self.a2 = {built}\n"
+           "    def learn(self, pg_loss, entropy):\n"
+           "        v1 = pg_loss + 0.01 * entropy.mean()\n"
+           "        self.a2.step(v1)\n")
+
+
+def test_an_optimizer_stepped_with_a_loss_backpropagates_it():
+    assert lines(STEPPED.format(built="torch.optim.Adam(p.parameters())")) == [("RLG004", 5)]
+    assert lines(STEPPED.format(built="make_env()")) == []
+
+
 @pytest.fixture
 def project(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)

@@ -112,7 +112,7 @@ class Training:
         name = _last_name(recv) or ""
         if re.fullmatch(r"(?i)\w*scaler", name) and call.args and self.is_optimizer(call.args[0].value):
             return call.args[0].value  # AMP: scaler.step(optimizer)
-        if _steps_with_a_value(self.a, call):
+        if steps_a_value(self.a, call):
             return None  # `optim.step(loss)`: a wrapper that backpropagates and steps itself, not torch's step
         if self.is_optimizer(recv):
             return recv
@@ -424,7 +424,7 @@ def training(a: "Analysis") -> Training:
     return a.facet("training", Training)
 
 
-def _steps_with_a_value(a: "Analysis", call: cst.Call) -> bool:
+def steps_a_value(a: "Analysis", call: cst.Call) -> bool:
     """``x.step(v)`` with a positional argument that is no closure: torch's ``Optimizer.step`` takes only a
     closure (a lambda or a function), so ``step(loss)`` is another API's step (a wrapper that runs the backward
     and the update, an environment's ``step(action)``)."""

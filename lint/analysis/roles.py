@@ -65,9 +65,18 @@ def names_along(a: "Analysis", expr: cst.BaseExpression, depth: int = 6) -> list
 
 # ----- backward ---------------------------------------------------------------------------------------------
 def backward_calls(a: "Analysis") -> list[cst.Call]:
-    """``x.backward()``, ``accelerator.backward(x)``, ``self.manual_backward(x)``, ``scaler.scale(x).backward()``."""
+    """``x.backward()``, ``accelerator.backward(x)``, ``self.manual_backward(x)``, ``scaler.scale(x).backward()``,
+    and an optimizer's ``step(loss)``: torch's ``Optimizer.step`` takes only a closure, so an optimizer stepped
+    with a value is a wrapper that backpropagates it and steps (the training loops read it so too)."""
     def build(an):
-        return [c for c in an.nodes(cst.Call) if S.method_name(c) in S.BACKWARD_METHODS]
+        found = [c for c in an.nodes(cst.Call) if S.method_name(c) in S.BACKWARD_METHODS]
+        stepped = [c for c in an.nodes(cst.Call) if S.method_name(c) == "step" and c.args and S.receiver(c) is not None]
+        if stepped:
+            from rlguard.lint.analysis.loops import steps_a_value, training
+
+            optimizers = training(an)
+            found += [c for c in stepped if steps_a_value(an, c) and optimizers.is_optimizer(S.receiver(c))]
+        return found
     return a.facet("backward_calls", build)
 
 
@@ -79,6 +88,8 @@ def backward_loss(call: cst.Call, a: "Analysis | None" = None) -> cst.BaseExpres
     recv = S.receiver(call)
     if recv is None:
         return None
+    if S.method_name(call) == "step":  # an optimizer wrapper's step(loss) (see backward_calls)
+        return call.args[0].value if call.args and call.args[0].keyword is None else None
     loss = recv
     if call.args and call.args[0].keyword is None:
         name = dotted_name(recv) or ""
