@@ -687,6 +687,11 @@ class ProvenanceFacet(Facet):
             return self._context(self._what(trace.value(source, frame), "entropy"), call, frame)
         if method in ("entropy", "log_prob") and recv is not None:
             dist = self._distribution(trace, recv, frame)
+            if dist is None and method == "log_prob" and call.args:
+                # `policy(obs).dist.log_prob(act)`: a distribution a model forward returns (torch.distributions'
+                # interface), whatever the forward's output is called
+                made = trace.value(recv, frame)
+                dist = made if made and all(o.kind == FORWARD for o in made) else None
             if dist is not None:
                 return self._context(self._what(dist, "entropy" if method == "entropy" else "logprobs"), call, frame)
         # a function of this module: walked into

@@ -305,6 +305,19 @@ class AdvantageSign(Rule):
                 why="the weight is per-episode rewards by what it is built from, whatever the local is called; the "
                     "negated cross-entropy is the log-prob; a bool tensor only selects", capability="C2",
                 style="script"),
+        Invalid("class A:\n"
+                "    def __init__(self, p):\n"
+                "        self.a1 = p\n"
+                "        self.a2 = torch.optim.Adam(p.parameters())\n"
+                "    def learn(self, batch):\n"
+                "        v3 = self.a1(batch.obs).dist\n"
+                "        v4 = v3.log_prob(batch.act)\n"
+                "        v5 = (v4 * batch.returns).mean()\n"
+                "        self.a2.zero_grad()\n"
+                "        v5.backward()\n"
+                "        self.a2.step()\n", line=8,
+                why="REINFORCE with neutral names: the log-probs are a distribution's log_prob of what the policy's "
+                    "forward returns, the surrogate is not negated", capability="C2", style="class"),
     ]
 
     def check(self, ctx: Analysis) -> Iterator[Violation]:
