@@ -48,6 +48,8 @@ ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 import snapshots  # noqa: E402
 
+from rlguard.lint import neutral  # noqa: E402
+
 REPOS = HERE / "ecosystem.toml"
 # development: tuned on; validation: judged, never tuned on; holdout: added later, only measured (ecosystem.toml)
 PARTS = ("development", "validation", "holdout")
@@ -172,11 +174,6 @@ def lint_snapshot(tree: Path, pythonpath: Path | None, version: str, preview: bo
     return data, seconds, False
 
 
-def function_at(spans: list[tuple[int, int, str]], line: int) -> str:
-    inside = [s for s in spans if s[0] <= line <= s[1]]
-    return max(inside, key=lambda s: s[0])[2] if inside else "<module>"
-
-
 def hits_of(name: str, tree: Path, data: dict) -> list[Hit]:
     spans: dict[str, list] = {}
     lines: dict[str, list[str]] = {}
@@ -188,7 +185,7 @@ def hits_of(name: str, tree: Path, data: dict) -> list[Hit]:
             spans[path] = snapshots.enclosing_functions(source)
             lines[path] = source.splitlines()
         text = lines[path][f["line"] - 1].strip() if 0 < f["line"] <= len(lines[path]) else ""
-        hits.append(Hit(name, path, f["line"], f["code"], function_at(spans[path], f["line"]), f["message"], text))
+        hits.append(Hit(name, path, f["line"], f["code"], neutral.function_at(spans[path], f["line"]), f["message"], text))
     return hits
 
 

@@ -21,6 +21,8 @@ import os
 import subprocess
 from pathlib import Path
 
+from rlguard.lint import neutral
+
 ENV = "RLGUARD_MIRRORS"
 
 
@@ -102,28 +104,14 @@ def extract_python(git_dir: Path, commit: str, dest: Path) -> int:
 
 
 def enclosing_functions(source: str) -> list[tuple[int, int, str]]:
-    """(first line, last line, qualified name) of every function and method of ``source``, outermost first.
-    The first line is the first decorator's; names are ``Class.method``, ``func.inner``. A file that does not
+    """(first line, last line, qualified name) of every function and method of ``source``, outermost first
+    (:func:`rlguard.lint.neutral.enclosing_functions`, the spans the renaming check uses). A file that does not
     parse has none."""
     try:
         tree = ast.parse(source)
     except (SyntaxError, ValueError, RecursionError):
         return []
-    spans: list[tuple[int, int, str]] = []
-
-    def visit(node: ast.AST, prefix: str) -> None:
-        for child in ast.iter_child_nodes(node):
-            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-                name = f"{prefix}{child.name}"
-                if not isinstance(child, ast.ClassDef):
-                    first = min([child.lineno, *(d.lineno for d in child.decorator_list)])
-                    spans.append((first, child.end_lineno or child.lineno, name))
-                visit(child, name + ".")
-            else:
-                visit(child, prefix)
-
-    visit(tree, "")
-    return spans
+    return neutral.enclosing_functions(tree)
 
 
 def function_lines(source: str, qualname: str) -> list[tuple[int, int]]:

@@ -14,6 +14,7 @@ own findings on that file, reported as an RLG902 finding while the other rules' 
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import gc
 import io
@@ -446,7 +447,8 @@ def _surviving_renaming(source: str, path: str, rules, vocabulary, target, proje
     meant to be maximised, so the fault is where it becomes a loss) without deciding whether it is reported.
     None when nothing is renamed, or the renaming cannot be made (then every finding stands)."""
     try:
-        renaming = neutral.rename_source(source)
+        tree = ast.parse(source)
+        renaming = neutral.rename_source(source, tree=tree)
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return None
     if renaming.count == 0 or renaming.source == source:
@@ -462,34 +464,13 @@ def _surviving_renaming(source: str, path: str, rules, vocabulary, target, proje
     keep = {(f.code, f.line) for f in again.findings}
     moved = [f for f in found if (f.code, f.line) not in keep]
     if moved:
-        function_of = _innermost_functions(source)
-        renamed = {(f.code, function_of(f.line)) for f in again.findings}
-        keep |= {(f.code, f.line) for f in moved if function_of(f.line) is not None and
-                 (f.code, function_of(f.line)) in renamed}
+        spans = neutral.enclosing_functions(tree)  # renaming moves no line: the spans hold for both texts
+        renamed = {(f.code, neutral.function_at(spans, f.line)) for f in again.findings}
+        for f in moved:
+            function = neutral.function_at(spans, f.line)
+            if function != "<module>" and (f.code, function) in renamed:
+                keep.add((f.code, f.line))
     return frozenset(keep)
-
-
-def _innermost_functions(source: str):
-    """A map from a line to the first line of the innermost function (or lambda-free ``def``) containing it, or
-    None at module level or when the source cannot be read by ``ast``."""
-    import ast
-
-    try:
-        tree = ast.parse(source)
-    except (SyntaxError, ValueError, RecursionError, MemoryError):
-        return lambda line: None
-    spans = sorted((node.lineno, node.end_lineno or node.lineno) for node in ast.walk(tree)
-                   if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)))
-
-    def function_of(line: int) -> int | None:
-        best = None
-        for start, end in spans:
-            if start > line:
-                break
-            if end >= line:
-                best = start  # sorted by start: a later containing span is nested inside the earlier one
-        return best
-    return function_of
 
 
 @contextmanager

@@ -611,3 +611,31 @@ def rename_source(source: str, module_names: bool = True, tree: ast.Module | Non
     else:
         renamed = source
     return Renaming(renamed, len(groups), len(attrs), dict(local_names), attrs, module_names)
+
+
+def enclosing_functions(tree: ast.Module) -> list[tuple[int, int, str]]:
+    """(first line, last line, qualified name) of every function and method of a module, outermost first. The
+    first line is the first decorator's; names are ``Class.method``, ``func.inner``. The renaming check and the
+    real-code benchmarks use them to tell which function a finding is in."""
+    spans: list[tuple[int, int, str]] = []
+
+    def visit(node: ast.AST, prefix: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                name = f"{prefix}{child.name}"
+                if not isinstance(child, ast.ClassDef):
+                    first = min([child.lineno, *(d.lineno for d in child.decorator_list)])
+                    spans.append((first, child.end_lineno or child.lineno, name))
+                visit(child, name + ".")
+            else:
+                visit(child, prefix)
+
+    visit(tree, "")
+    return spans
+
+
+def function_at(spans: list[tuple[int, int, str]], line: int) -> str:
+    """The qualified name of the innermost function of ``spans`` (:func:`enclosing_functions`) holding ``line``,
+    or ``<module>``."""
+    inside = [s for s in spans if s[0] <= line <= s[1]]
+    return max(inside, key=lambda s: s[0])[2] if inside else "<module>"
