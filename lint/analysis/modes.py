@@ -427,12 +427,14 @@ def train_mode_scores(a: "Analysis") -> list[TrainModeScore]:
     def build(an):
         trains: dict[str, cst.Call] = {}
         others: set = set()
+        mode_calls: list[tuple[cst.Call, frozenset]] = []  # every mode call, with the objects it sets
         for call in an.nodes(cst.Call):
             method = S.method_name(call)
             recv = S.receiver(call)
             if method is None or recv is None or not MODE_METHOD.fullmatch(method):
                 continue
             keys = _ids(an, recv) | _instance(an, recv)
+            mode_calls.append((call, keys))
             if _sets_train(call):
                 for k in keys:
                     trains.setdefault(k, call)
@@ -467,7 +469,7 @@ def train_mode_scores(a: "Analysis") -> list[TrainModeScore]:
             owners = _owners(an, target)
             resting = None
             if keys & others or owners & others:
-                resting = _resting_in_train(an, keys | owners, site)
+                resting = _resting_in_train(an, mode_calls, keys | owners, site)
                 if resting is None:
                     continue
                 train = resting
@@ -522,7 +524,8 @@ def _trained_just_before(a: "Analysis", keys: frozenset, trains: dict, site: cst
     return False
 
 
-def _resting_in_train(a: "Analysis", keys: frozenset, site: cst.Call) -> cst.Call | None:
+def _resting_in_train(a: "Analysis", mode_calls: list[tuple[cst.Call, frozenset]], keys: frozenset,
+                      site: cst.Call) -> cst.Call | None:
     """For a model the module puts in eval mode somewhere: a ``.train()`` call after which it rests in train mode,
     when that is where every function leaves it and nothing sets its mode for the forward at ``site``. Every function
     that sets a mode on the model ends in train mode (its last mode call is ``.train()``: an evaluation pass that
@@ -535,12 +538,8 @@ def _resting_in_train(a: "Analysis", keys: frozenset, site: cst.Call) -> cst.Cal
         return None
     order = a.index.order
     by_function: dict[int, list[cst.Call]] = {}
-    for call in a.nodes(cst.Call):
-        method = S.method_name(call)
-        recv = S.receiver(call)
-        if method is None or recv is None or not MODE_METHOD.fullmatch(method):
-            continue
-        if (_ids(a, recv) | _instance(a, recv)) & keys:
+    for call, objects in mode_calls:
+        if objects & keys:
             by_function.setdefault(id(a.enclosing_function(call)), []).append(call)
     resting = None
     for calls in by_function.values():

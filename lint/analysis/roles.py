@@ -9,7 +9,6 @@ a structural fact, and a structural fact that contradicts the hint wins.
 from __future__ import annotations
 
 import re
-
 from typing import TYPE_CHECKING
 
 import libcst as cst
@@ -325,15 +324,23 @@ def critic_advantage(a: "Analysis", d: Def) -> bool:
     return any(weighs_logprobs(a, read) for read in reads_of(a, d))
 
 
-def reward_like(a: "Analysis", expr: cst.BaseExpression) -> bool:
-    """Returns or rewards by the name of the value read (``rollouts.returns[:-1]``, ``batch["rewards"]``)."""
+def _kept(a: "Analysis", expr: cst.BaseExpression, collected: bool = False) -> cst.BaseExpression:
+    """``expr`` through the reads that keep its rows and entries: row selections (``x[:-1]``), :data:`_KEEPING`
+    methods, and with ``collected`` a list made a tensor (``torch.stack(xs)``: the list's elements)."""
     while True:
         if isinstance(expr, cst.Subscript) and key_of(expr) is None:
             expr = expr.value
         elif isinstance(expr, cst.Call) and a.method(expr) in _KEEPING and S.receiver(expr) is not None:
             expr = S.receiver(expr)
+        elif collected and isinstance(expr, cst.Call) and a.call_name(expr) in _COLLECTING and expr.args:
+            expr = expr.args[0].value
         else:
-            break
+            return expr
+
+
+def reward_like(a: "Analysis", expr: cst.BaseExpression) -> bool:
+    """Returns or rewards by the name of the value read (``rollouts.returns[:-1]``, ``batch["rewards"]``)."""
+    expr = _kept(a, expr)
     key = key_of(expr)
     if key is None:
         return False
@@ -346,15 +353,7 @@ def bootstrapped_return(a: "Analysis", expr: cst.BaseExpression, depth: int = 6)
     """A return by its formula: a sum with a discounted term, ``r + gamma * v_next`` (a TD target) or ``r + gamma *
     R`` (a discounted return), the discount a literal in (0, 1), a name every binding of which is one, or a
     parameter or settings field named for it (``gamma``, ``discount``: the interface), through plain assignments."""
-    while True:
-        if isinstance(expr, cst.Call) and a.method(expr) in _KEEPING and S.receiver(expr) is not None:
-            expr = S.receiver(expr)
-        elif isinstance(expr, cst.Call) and a.call_name(expr) in _COLLECTING and expr.args:
-            expr = expr.args[0].value  # torch.stack(returns), torch.tensor(returns): the list's elements
-        elif isinstance(expr, cst.Subscript) and key_of(expr) is None:
-            expr = expr.value  # returns[::-1]
-        else:
-            break
+    expr = _kept(a, expr, collected=True)  # torch.stack(returns[::-1]).float(): the list's elements
     if isinstance(expr, cst.BinaryOperation) and isinstance(expr.operator, cst.Add):
         return any(_discounted(a, side) for side in (expr.left, expr.right))
     if depth <= 0:
@@ -383,8 +382,6 @@ def bootstrapped_return(a: "Analysis", expr: cst.BaseExpression, depth: int = 6)
 
 _COLLECTING = frozenset({"torch.stack", "torch.tensor", "torch.as_tensor", "torch.cat", "torch.FloatTensor",
                          "numpy.array", "numpy.asarray", "numpy.stack"})
-
-
 
 
 _DISCOUNT_NAME = re.compile(r"(?i)gamma|discount(_factor)?")
